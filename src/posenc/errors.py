@@ -1,0 +1,72 @@
+"""One error type for every bad input, and the small checks that raise it.
+
+Every message names the argument, what was expected and what arrived, so a user can act on it:
+
+    >>> from posenc.errors import PosencError, fail
+    >>> try:
+    ...     fail("factor", "a finite number > 0", -1.0)
+    ... except PosencError as e:
+    ...     print(e)
+    factor: expected a finite number > 0, got -1.0
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, NoReturn
+
+import torch
+
+__all__ = [
+    "PosencError",
+    "fail",
+    "check_positive",
+    "check_int_positions",
+    "check_float_tensor",
+]
+
+
+class PosencError(ValueError):
+    """Raised for any invalid input to posenc. A `ValueError`, so existing handlers still catch it."""
+
+
+def _show(value: Any) -> str:
+    if isinstance(value, torch.Tensor):
+        return f"tensor of shape {tuple(value.shape)} and dtype {value.dtype}"
+    return repr(value)
+
+
+def fail(arg: str, expected: str, got: Any) -> NoReturn:
+    """Raise `PosencError` in the one format: `"<arg>: expected <expected>, got <got>"`."""
+    raise PosencError(f"{arg}: expected {expected}, got {_show(got)}")
+
+
+def check_positive(arg: str, value: Any, *, allow_zero: bool = False) -> float:
+    """Return `value` as a float after checking it is a finite real number > 0 (>= 0 if allowed)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        fail(arg, "a real number", value)
+    if not math.isfinite(value) or value < 0 or (value == 0 and not allow_zero):
+        fail(arg, "a finite number >= 0" if allow_zero else "a finite number > 0", value)
+    return float(value)
+
+
+def check_int_positions(arg: str, positions: Any, *, allow_negative: bool = False) -> torch.Tensor:
+    """Check that `positions` is an integer tensor of logical positions (>= 0 unless allowed)."""
+    if not isinstance(positions, torch.Tensor):
+        fail(arg, "an integer torch.Tensor", type(positions).__name__)
+    if positions.dtype.is_floating_point or positions.dtype.is_complex or positions.dtype == torch.bool:
+        fail(arg, "an integer dtype (int32 or int64) of logical positions", positions)
+    if not allow_negative and positions.numel() and bool((positions < 0).any()):
+        fail(arg, "positions >= 0 (pass allow_negative=True to rotate backwards)", f"min {int(positions.min())}")
+    return positions
+
+
+def check_float_tensor(arg: str, x: Any, *, ndim: tuple[int, ...] | None = None) -> torch.Tensor:
+    """Check that `x` is a floating-point tensor, optionally of one of the given ranks."""
+    if not isinstance(x, torch.Tensor):
+        fail(arg, "a floating-point torch.Tensor", type(x).__name__)
+    if not x.dtype.is_floating_point:
+        fail(arg, "a floating-point dtype (float32, bfloat16, float16 or float64)", x)
+    if ndim is not None and x.ndim not in ndim:
+        fail(arg, f"a tensor of rank {' or '.join(map(str, ndim))}", x)
+    return x

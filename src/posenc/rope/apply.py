@@ -1,0 +1,110 @@
+"""The reference rotation: plain torch, runs anywhere, differentiable, the oracle for every kernel.
+
+Pairings (which channels form a rotation pair, for a rotary width r):
+- `"split_half"` (GPT-NeoX, Llama in transformers): channel i pairs with i + r/2.
+- `"interleaved"` (GPT-J, Meta's original Llama, Cohere, GLM): channel 2i pairs with 2i + 1.
+- `"interleaved_to_split_half"` (DeepSeek-V3 with `rope_interleave`): pairs are read interleaved and
+  written split-half, `[x_even c - x_odd s | x_odd c + x_even s]`. Valid because q and k share it.
+
+The rotary channels are the leading `r = 2 * cos.shape[-1]` channels; the rest pass through bit-identical.
+The rotation runs in float32 (float64 for float64 input) and returns the input's dtype.
+
+    >>> import torch
+    >>> x = torch.tensor([[[[1.0, 0.0]]]])            # [b=1, h=1, t=1, d=2]
+    >>> cos, sin = torch.tensor([[0.0]]), torch.tensor([[1.0]])   # 90 degrees, [t=1, r/2=1]
+    >>> apply_rope(x, cos, sin).flatten().tolist()
+    [0.0, 1.0]
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import torch
+
+from ..errors import check_float_tensor, fail
+
+__all__ = ["apply_rope", "PAIRINGS", "LAYOUTS"]
+
+Pairing = Literal["split_half", "interleaved", "interleaved_to_split_half"]
+PAIRINGS = ("split_half", "interleaved", "interleaved_to_split_half")
+# layout -> (rank of x, axis of tokens counted from the end, axis of heads counted from the end or None)
+LAYOUTS = {"bhtd": (4, -2, -3), "bthd": (4, -3, -2), "thd": (3, -3, -2), "td": (2, -2, None)}
+
+
+def resolve_pairing(interleaved: bool | str = False, pairing: str | None = None) -> str:
+    """The pairing name from the `interleaved` flag or an explicit `pairing`."""
+    if pairing is None:
+        if isinstance(interleaved, str):
+            pairing = interleaved
+        elif isinstance(interleaved, bool):
+            pairing = "interleaved" if interleaved else "split_half"
+        else:
+            fail("interleaved", "a bool", interleaved)
+    if pairing not in PAIRINGS:
+        fail("pairing", f"one of {PAIRINGS}", pairing)
+    return pairing
+
+
+def broadcast_table(table: torch.Tensor, x: torch.Tensor, layout: str) -> torch.Tensor:
+    """Reshape a `[t, r/2]` or `[b, t, r/2]` table so it broadcasts against `x` in `layout`."""
+    head_axis = LAYOUTS[layout][2]
+    if head_axis is not None:
+        table = table.unsqueeze(head_axis)  # [b?, 1, t, r/2] for bhtd; [b?, t, 1, r/2] for bthd and thd
+    return table
+
+
+def apply_rope(
+    x: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    interleaved: bool = False,
+    *,
+    pairing: str | None = None,
+    layout: str = "bhtd",
+) -> torch.Tensor:
+    """Rotate the leading `2 * cos.shape[-1]` channels of `x` by the angles whose cos/sin are given.
+
+    Args:
+        x: `[b, h, t, d]` (layout "bhtd"), `[b, t, h, d]` ("bthd"), packed `[t, h, d]` ("thd") or `[t, d]` ("td").
+        cos, sin: per-pair tables `[t, r/2]` or `[b, t, r/2]` (as `Rope.cos_sin` returns), r <= d.
+        interleaved: pair channels (2i, 2i+1) instead of (i, i + r/2).
+        pairing: explicit pairing name (overrides `interleaved`), see the module docstring.
+        layout: where the token and head axes are.
+    Returns:
+        The rotated tensor, same shape and dtype as `x`; channels past r are returned unchanged.
+    Raises:
+        PosencError: on a non-float `x`, an unknown layout or pairing, or tables that do not fit `x`.
+    """
+    pairing = resolve_pairing(interleaved, pairing)
+    if layout not in LAYOUTS:
+        fail("layout", f"one of {tuple(LAYOUTS)}", layout)
+    check_float_tensor("x", x, ndim=(LAYOUTS[layout][0],))
+    check_float_tensor("cos", cos)
+    check_float_tensor("sin", sin)
+    if cos.shape != sin.shape:
+        fail("sin", f"the shape of cos {tuple(cos.shape)}", sin)
+    half = cos.shape[-1]
+    rotary = 2 * half
+    if rotary > x.shape[-1]:
+        fail("cos", f"at most d/2 = {x.shape[-1] // 2} columns (one per rotation pair)", cos)
+    token_axis = LAYOUTS[layout][1]
+    if cos.ndim >= 2 and cos.shape[-2] not in (1, x.shape[token_axis]):
+        fail("cos", f"{x.shape[token_axis]} rows (one per token of x)", cos)
+    compute = torch.float64 if x.dtype == torch.float64 else torch.float32
+    c = broadcast_table(cos, x, layout).to(compute)
+    s = broadcast_table(sin, x, layout).to(compute)
+    x_rot = x[..., :rotary].to(compute)
+    if pairing == "interleaved":
+        even, odd = x_rot[..., 0::2], x_rot[..., 1::2]  # [..., r/2] each
+        out = torch.stack((even * c - odd * s, odd * c + even * s), dim=-1).flatten(-2)  # [..., r]
+    else:
+        if pairing == "split_half":
+            first, second = x_rot[..., :half], x_rot[..., half:]
+        else:  # interleaved_to_split_half: read pairs (2i, 2i+1), write [first | second]
+            first, second = x_rot[..., 0::2], x_rot[..., 1::2]
+        out = torch.cat((first * c - second * s, second * c + first * s), dim=-1)  # [..., r]
+    out = out.to(x.dtype)
+    if rotary == x.shape[-1]:
+        return out
+    return torch.cat((out, x[..., rotary:]), dim=-1)

@@ -1,0 +1,234 @@
+"""`Rope`: a frozen description of one rotary embedding, and the calls that use it.
+
+    >>> import torch, posenc
+    >>> rope = posenc.Rope(head_dim=8, base=10000.0)
+    >>> q, k = torch.randn(1, 4, 5, 8), torch.randn(1, 2, 5, 8)     # GQA: 4 query heads, 2 key heads
+    >>> q2, k2 = rope.apply(q, k, torch.arange(5))
+    >>> q2.shape, k2.shape
+    (torch.Size([1, 4, 5, 8]), torch.Size([1, 2, 5, 8]))
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from ..errors import check_float_tensor, check_int_positions, fail
+from . import tables
+from .apply import LAYOUTS, PAIRINGS, apply_rope
+from .mrope import gather_axes, mrope_axis_map
+from .scaling import Default, Scaling
+
+__all__ = ["Rope"]
+
+
+@dataclass(frozen=True)
+class Rope:
+    """One rotary position embedding.
+
+    Args:
+        head_dim: channels per q/k head that this embedding sees (for DeepSeek MLA, the rope slice).
+        rotary_dim: leading channels that rotate (default: all); the rest pass through unchanged.
+        base: theta, the base of the frequency ladder.
+        scaling: a scaling rule from `posenc.rope.scaling` (default: none).
+        pairing: "split_half", "interleaved" or "interleaved_to_split_half" (see `apply_rope`).
+        mrope_section: frequencies per position axis for multi-axis RoPE (sums to rotary_dim / 2).
+        mrope_interleaved: Qwen3-VL's interleaved axis assignment instead of contiguous sections.
+        softmax_scale_factor: extra multiplier on the attention softmax scale that the model applies
+            (DeepSeek YaRN: `mscale(factor, mscale_all_dim)**2`); 1 for every other model.
+    Raises:
+        PosencError: odd or out-of-range widths, a non-positive or non-finite base, unknown pairings,
+            sections that do not sum to rotary_dim / 2.
+    """
+
+    head_dim: int
+    rotary_dim: int | None = None
+    base: float = 10000.0
+    scaling: Scaling = field(default_factory=Default)
+    pairing: str = "split_half"
+    mrope_section: tuple[int, ...] | None = None
+    mrope_interleaved: bool = False
+    softmax_scale_factor: float = 1.0
+
+    def __post_init__(self) -> None:
+        if isinstance(self.head_dim, bool) or not isinstance(self.head_dim, int) or self.head_dim <= 0:
+            fail("head_dim", "a positive integer", self.head_dim)
+        rotary = self.head_dim if self.rotary_dim is None else self.rotary_dim
+        if isinstance(rotary, bool) or not isinstance(rotary, int) or not 0 < rotary <= self.head_dim:
+            fail("rotary_dim", f"an integer in [2, head_dim={self.head_dim}]", rotary)
+        if rotary % 2:
+            fail("rotary_dim", "an even number of channels (rotation pairs)", rotary)
+        object.__setattr__(self, "rotary_dim", rotary)
+        if isinstance(self.base, bool) or not isinstance(self.base, (int, float)) or not math.isfinite(self.base):
+            fail("base", "a finite number > 0 (rope_theta)", self.base)
+        if self.base <= 0 or self.base == 1:
+            fail("base", "a finite number > 0 and != 1 (rope_theta)", self.base)
+        object.__setattr__(self, "base", float(self.base))
+        if not hasattr(self.scaling, "inv_freq"):
+            fail("scaling", "a scaling rule from posenc.rope.scaling", self.scaling)
+        if self.pairing not in PAIRINGS:
+            fail("pairing", f"one of {PAIRINGS}", self.pairing)
+        if self.mrope_section is not None:
+            section = tuple(self.mrope_section)
+            mrope_axis_map(section, self.mrope_interleaved)  # validates the entries
+            if sum(section) != rotary // 2:
+                fail("mrope_section", f"sections summing to rotary_dim / 2 = {rotary // 2}", list(section))
+            object.__setattr__(self, "mrope_section", section)
+        if not math.isfinite(self.softmax_scale_factor) or self.softmax_scale_factor <= 0:
+            fail("softmax_scale_factor", "a finite number > 0", self.softmax_scale_factor)
+        # Fail at construction, not at first use, if the scaling cannot serve this width.
+        self.scaling.inv_freq(self.base, rotary, None)
+
+    # ---------------------------------------------------------------- construction
+    @classmethod
+    def from_hf_config(cls, config: Any, *, layer_type: str | None = None) -> "Rope":
+        """Build from a transformers `config.json` dict or a `PretrainedConfig` (4.x and 5.x keys).
+
+        Args:
+            config: the model config.
+            layer_type: for models with per-layer RoPE (Gemma 3: "sliding_attention" / "full_attention").
+        Raises:
+            PosencError: unknown model or rope type, missing or foreign keys, invalid values.
+        """
+        from ..hf import rope_from_hf_config
+
+        return rope_from_hf_config(config, layer_type=layer_type)
+
+    # ---------------------------------------------------------------- facts
+    @property
+    def interleaved(self) -> bool:
+        """True when input channels pair as (2i, 2i+1)."""
+        return self.pairing != "split_half"
+
+    @property
+    def attention_factor(self) -> float:
+        """The multiplier applied to cos and sin (YaRN, LongRoPE), at the original length."""
+        return self.inv_freq()[1]
+
+    def inv_freq(self, seq_len: int | None = None) -> tuple[torch.Tensor, float]:
+        """`([rotary_dim/2] float32 inverse frequencies, attention_factor)` at sequence length `seq_len`."""
+        return self.scaling.inv_freq(self.base, self.rotary_dim, seq_len)  # type: ignore[arg-type]
+
+    def seq_len_for(self, position_ids: torch.Tensor, seq_len: int | None = None) -> int | None:
+        """The length a length-dependent scaling sees: `seq_len` if given, else `max(position_ids) + 1`."""
+        if seq_len is not None:
+            if isinstance(seq_len, bool) or not isinstance(seq_len, int) or seq_len < 0:
+                fail("seq_len", "a non-negative integer", seq_len)
+            return seq_len
+        if not self.scaling.depends_on_length or position_ids.numel() == 0:
+            return None
+        return int(position_ids.max()) + 1
+
+    # ---------------------------------------------------------------- tables
+    def cos_sin(
+        self,
+        position_ids: torch.Tensor,
+        *,
+        seq_len: int | None = None,
+        precision: str = "float32",
+        allow_negative: bool = False,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos/sin tables for explicit positions, attention factor applied.
+
+        Args:
+            position_ids: `[t]`, `[b, t]`, or `[3, b, t]` for multi-axis RoPE (integer).
+            seq_len: the length a length-dependent scaling uses (default `max(position_ids) + 1`).
+            precision: "float32" (as checkpoints compute) or "exact" (float64 phase, see `tables`).
+            allow_negative: accept negative positions (rotating backwards).
+        Returns:
+            `(cos, sin)`, float32, `[t, r/2]` or `[b, t, r/2]`.
+        """
+        check_int_positions("position_ids", position_ids, allow_negative=allow_negative)
+        multi_axis = position_ids.ndim == 3
+        if position_ids.ndim not in (1, 2, 3):
+            fail("position_ids", "shape [t], [b, t] or [3, b, t]", position_ids)
+        if multi_axis and (self.mrope_section is None or position_ids.shape[0] != 3):
+            expected = "[3, b, t] positions" if self.mrope_section else "[t] or [b, t] (this Rope has no mrope_section)"
+            fail("position_ids", expected, position_ids)
+        inv, factor = self.inv_freq(self.seq_len_for(position_ids, seq_len))
+        if precision not in tables.PRECISIONS:
+            fail("precision", f"one of {tables.PRECISIONS}", precision)
+        theta = tables.angles(position_ids, inv, precision)  # [..., r/2]
+        if multi_axis:
+            theta = gather_axes(theta, mrope_axis_map(self.mrope_section, self.mrope_interleaved))  # [b, t, r/2]
+        return tables.cos_sin_from_angles(theta, factor)
+
+    # ---------------------------------------------------------------- rotation
+    def rotate(
+        self,
+        x: torch.Tensor,
+        position_ids: torch.Tensor,
+        *,
+        layout: str = "bhtd",
+        seq_len: int | None = None,
+        precision: str = "float32",
+        allow_negative: bool = False,
+    ) -> torch.Tensor:
+        """Rotate one tensor (q or k) at `position_ids`. See `apply` for the arguments."""
+        self._check_x("x", x, layout)
+        self._check_positions(position_ids, x, layout, "x")
+        cos, sin = self.cos_sin(position_ids, seq_len=seq_len, precision=precision, allow_negative=allow_negative)
+        return apply_rope(x, cos, sin, pairing=self.pairing, layout=layout)
+
+    def apply(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        position_ids: torch.Tensor,
+        *,
+        layout: str = "bhtd",
+        seq_len: int | None = None,
+        precision: str = "float32",
+        allow_negative: bool = False,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Rotate q and k at explicit logical positions.
+
+        Args:
+            q: `[b, hq, t, d]` (layout "bhtd"), `[b, t, hq, d]` ("bthd") or packed `[t, hq, d]` ("thd").
+            k: the same with `hk` heads (GQA: hk may differ from hq).
+            position_ids: `[t]`, `[b, t]`, or `[3, b, t]` for multi-axis RoPE; integer logical positions.
+            layout: "bhtd", "bthd" or "thd".
+            seq_len: length for length-dependent scalings (default `max(position_ids) + 1`, as transformers).
+            precision: "float32" or "exact".
+            allow_negative: accept negative positions.
+        Returns:
+            `(q_rotated, k_rotated)` in the inputs' dtypes; pass-through channels bit-identical.
+        Raises:
+            PosencError: non-float q/k, wrong head_dim, mismatched shapes, non-integer or negative positions.
+        """
+        self._check_x("q", q, layout)
+        self._check_x("k", k, layout)
+        axes = [a for a in range(q.ndim) if a != q.ndim + LAYOUTS[layout][2]]
+        for a in axes:
+            if q.shape[a] != k.shape[a]:
+                fail("k", f"size {q.shape[a]} in dim {a} (as q {tuple(q.shape)}; only heads may differ)", k)
+        self._check_positions(position_ids, q, layout, "q")
+        cos, sin = self.cos_sin(position_ids, seq_len=seq_len, precision=precision, allow_negative=allow_negative)
+        return (
+            apply_rope(q, cos, sin, pairing=self.pairing, layout=layout),
+            apply_rope(k, cos, sin, pairing=self.pairing, layout=layout),
+        )
+
+    # ---------------------------------------------------------------- checks
+    def _check_x(self, arg: str, x: torch.Tensor, layout: str) -> None:
+        if layout not in LAYOUTS or layout == "td":
+            fail("layout", "one of ('bhtd', 'bthd', 'thd')", layout)
+        check_float_tensor(arg, x, ndim=(LAYOUTS[layout][0],))
+        if x.shape[-1] != self.head_dim:
+            fail(arg, f"last dim = head_dim = {self.head_dim}", x)
+
+    def _check_positions(self, position_ids: torch.Tensor, x: torch.Tensor, layout: str, arg: str) -> None:
+        if not isinstance(position_ids, torch.Tensor):
+            fail("position_ids", "an integer torch.Tensor", type(position_ids).__name__)
+        t = x.shape[LAYOUTS[layout][1]]
+        if position_ids.ndim == 0 or position_ids.shape[-1] != t:
+            fail("position_ids", f"last dim = {t} tokens (as {arg})", position_ids)
+        if position_ids.ndim >= 2:
+            if layout == "thd":
+                fail("position_ids", "shape [t] for the packed 'thd' layout", position_ids)
+            b = position_ids.shape[-2]
+            if b not in (1, x.shape[0]):
+                fail("position_ids", f"batch size 1 or {x.shape[0]} (as {arg})", position_ids)

@@ -1,0 +1,84 @@
+"""The only place RoPE angles are made: cos/sin for explicit positions, float32 or exact-phase.
+
+Tables are returned per rotation pair, `[..., r/2]`, in float32, never cached in a module buffer
+(so `model.to(torch.bfloat16)` cannot cast them).
+
+Precision:
+- `"float32"` (default): `angle = float(p) * inv_freq` in float32, then `cos`/`sin` in float32, which is
+  exactly what transformers (and so the checkpoints) compute. The angle's rounding error grows with the
+  position: up to `|angle| * 2**-24` rad, i.e. ~1e-3 rad at p = 2**16 and ~0.5 rad at p = 2**24 for the
+  fastest channel.
+- `"exact"`: the phase of the same float32 frequencies, computed without rounding. A float32
+  frequency has a 24-bit significand, so `p * inv_freq` is exact in float64 for `|p| < 2**29`; the
+  phase is then reduced to [-pi, pi] with a two-part 2pi (Cody-Waite) and cos/sin are taken in
+  float64. The angle error is below 1e-12 rad for positions up to 2**24 (measured ~1e-15); the
+  remaining error is the final rounding of cos/sin to float32 (<= 6e-8).
+
+    >>> import torch
+    >>> from posenc.rope.tables import cos_sin
+    >>> c, s = cos_sin(torch.tensor([0, 1]), torch.tensor([1.0, 0.5]))
+    >>> c.shape, float(c[0, 0]), float(s[0, 0])
+    (torch.Size([2, 2]), 1.0, 0.0)
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Literal
+
+import torch
+
+from ..errors import fail
+
+__all__ = ["angles", "cos_sin", "cos_sin_from_angles", "PRECISIONS"]
+
+Precision = Literal["float32", "exact"]
+PRECISIONS = ("float32", "exact")
+
+# 2*pi in three parts (Cody-Waite): _TWO_PI_HI has 24 significant bits, so k * _TWO_PI_HI is exact in
+# float64 for |k| < 2**29; _TWO_PI_MID is float64(2*pi) - _TWO_PI_HI (exact); _TWO_PI_LO is 2*pi - float64(2*pi).
+_TWO_PI_HI = 6.2831854820251465  # float32(2*pi)
+_TWO_PI_MID = 2 * math.pi - _TWO_PI_HI
+_TWO_PI_LO = 2.4492935982947064e-16
+_EXACT_LIMIT = 2**29  # |p| below this keeps p * float32 frequency exact in float64
+
+
+def angles(positions: torch.Tensor, inv_freq: torch.Tensor, precision: Precision = "float32") -> torch.Tensor:
+    """Rotation angles `p * inv_freq`.
+
+    Args:
+        positions: integer positions of any shape `[...]`.
+        inv_freq: `[r/2]` float32 inverse frequencies.
+        precision: `"float32"` (checkpoint-exact) or `"exact"` (float64, reduced to [-pi, pi]).
+    Returns:
+        `[..., r/2]` float32 angles, or float64 reduced phases for `"exact"`.
+    """
+    inv_freq = inv_freq.to(device=positions.device, dtype=torch.float32)
+    if precision == "float32":
+        # fp32: bf16 positions lose integer precision above 256; the product is rounded once, as in transformers
+        return positions.float()[..., None] * inv_freq  # [..., r/2]
+    if precision == "exact":
+        if positions.numel() and int(positions.abs().max()) >= _EXACT_LIMIT:
+            fail("position_ids", "|position| < 2**29 for precision='exact'", int(positions.abs().max()))
+        phase = positions.double()[..., None] * inv_freq.double()  # exact: 24-bit x 29-bit significands
+        turns = torch.round(phase / (2 * math.pi))
+        return ((phase - turns * _TWO_PI_HI) - turns * _TWO_PI_MID) - turns * _TWO_PI_LO  # [..., r/2], in [-pi, pi] up to 1 ulp
+    fail("precision", f"one of {PRECISIONS}", precision)
+
+
+def cos_sin_from_angles(theta: torch.Tensor, attention_factor: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin of `theta`, times `attention_factor`, as float32 (computed in theta's precision)."""
+    cos, sin = theta.cos(), theta.sin()
+    if attention_factor != 1.0:
+        cos, sin = cos * attention_factor, sin * attention_factor
+    return cos.float(), sin.float()
+
+
+def cos_sin(
+    positions: torch.Tensor,
+    inv_freq: torch.Tensor,
+    attention_factor: float = 1.0,
+    precision: Precision = "float32",
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos/sin tables `[..., r/2]` (float32) for `positions [...]`, with the attention factor applied."""
+    return cos_sin_from_angles(angles(positions, inv_freq, precision), attention_factor)
