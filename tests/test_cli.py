@@ -1,0 +1,118 @@
+"""The `posenc` command line, run in-process through `posenc.cli.main` (and once as `python -m posenc`)."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from posenc import inspection as ins
+from posenc.cli import main
+
+
+def run(capsys, *argv):
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def table_rows(out, title_start):
+    """Rows of the plain table whose title starts with `title_start`, split on 2+ spaces."""
+    lines = out.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith(title_start))
+    rows = []
+    for line in lines[start + 1:]:
+        if not line or line.startswith("  "):
+            break
+        rows.append([cell.strip() for cell in line.split("  ") if cell.strip()])
+    return rows
+
+
+def test_readme_command_prints_the_seed_table(capsys):
+    code, out, err = run(capsys, "inspect", "llama-2-7b", "--lengths", "4k,32k,128k", "--batch", "16")
+    assert code == 0 and err == ""
+    header, *rows = table_rows(out, "KV cache")
+    fp16 = header.index("fp16")
+    assert [(r[0], r[fp16]) for r in rows] == [
+        ("4k", "2 GiB / 32 GiB"), ("32k*", "16 GiB / 256 GiB"), ("128k*", "64 GiB / 1024 GiB")]
+    assert "GiB = 2**30 bytes" in out and "per batch of 16" in out
+    assert "512 KiB" in out
+
+
+def test_bands_table(capsys):
+    code, out, _ = run(capsys, "inspect", "llama-3.1-8b", "--bands", "4")
+    assert code == 0
+    header, *rows = table_rows(out, "Frequency bands")
+    assert header[0] == "pairs" and [r[0] for r in rows] == ["0-15", "16-31", "32-47", "48-63"]
+    assert rows[0][-1] == "1" and rows[-1][-1] == "8"  # fast pairs kept, slow pairs divided by the factor
+    assert "scaling llama3: factor=8.0" in out and "L0 = 8192 (original), L1 = 131072 (target)" in out
+    assert "29 of 64 pairs (35-63) have wavelengths beyond L0 = 8192" in out
+
+
+def test_json_has_the_same_facts(capsys):
+    code, out, _ = run(capsys, "inspect", "deepseek-v3", "--json", "--lengths", "4k,128k", "--batch", "2",
+                       "--memory", "80")
+    assert code == 0
+    data = json.loads(out)
+    cfg, source = ins.load_config("deepseek-v3")
+    expected = ins.inspect_model(cfg, lengths=[4096, 131072], batch=2, source=source, memory_gib=80.0)
+    assert data == json.loads(json.dumps(expected))
+    assert data["kv_cache"]["kind"] == "mla"
+
+
+@pytest.mark.parametrize("name", ins.preset_names())
+def test_every_preset_prints(capsys, name):
+    code, out, err = run(capsys, "inspect", name, "--format", "plain")
+    assert code == 0 and err == "", err
+    assert out.startswith(name) and "KV cache" in out
+
+
+def test_rich_tables(capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "160")  # rich sizes tables to the terminal; captured output has none
+    code, out, _ = run(capsys, "inspect", "llama-2-7b", "--lengths", "4k", "--batch", "16", "--format", "rich")
+    assert code == 0
+    assert "2 GiB / 32 GiB" in out and "Frequency bands" in out
+
+
+def test_config_path_and_unsupported_config(capsys, tmp_path):
+    cfg = {"model_type": "qwen2", "hidden_size": 120, "num_attention_heads": 5, "num_key_value_heads": 1,
+           "num_hidden_layers": 3, "max_position_embeddings": 1000, "rope_theta": 1e6}
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    code, out, _ = run(capsys, "inspect", str(tmp_path), "--lengths", "1000", "--dtypes", "fp32")
+    assert code == 0
+    # 2 x 3 layers x 1 KV head x 24 dims x 4 bytes x 1000 tokens
+    assert f"{2 * 3 * 24 * 4 * 1000 / 2**30:.3g} GiB" in out
+    (tmp_path / "config.json").write_text(json.dumps({**cfg, "model_type": "mamba"}))
+    code, out, err = run(capsys, "inspect", str(tmp_path))
+    assert code == 2 and out == ""
+    assert err.startswith("posenc inspect: error: cannot inspect") and "model_type" in err and "mamba" in err
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["inspect", "no-such-model"], "MODEL_OR_CONFIG: expected"),
+    (["inspect", "llama-2-7b", "--lengths", "4x"], "--lengths"),
+    (["inspect", "llama-2-7b", "--batch", "0"], "--batch"),
+    (["inspect", "llama-2-7b", "--dtypes", "fp16,fp6"], "--dtypes"),
+    (["inspect", "llama-2-7b", "--memory", "-1"], "--memory"),
+])
+def test_bad_input_exit_2(capsys, argv, message):
+    code, out, err = run(capsys, *argv)
+    assert code == 2 and out == "" and message in err
+
+
+@pytest.mark.parametrize("command, words", [("inspect", ["MODEL_OR_CONFIG", "GiB", "llama-2-7b", "--lengths"]),
+                                            ("plot", ["wavelengths", "alibi", "--output"])])
+def test_help(capsys, command, words):
+    with pytest.raises(SystemExit) as exit_info:
+        main([command, "--help"])
+    assert exit_info.value.code == 0
+    out = capsys.readouterr().out
+    for word in words:
+        assert word in out
+
+
+def test_python_dash_m(tmp_path):
+    done = subprocess.run([sys.executable, "-m", "posenc", "inspect", "llama-2-7b", "--lengths", "4k", "--batch", "16"],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "2 GiB / 32 GiB" in done.stdout
