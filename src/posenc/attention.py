@@ -1,0 +1,202 @@
+"""Reference attention (MHA / GQA) that takes any positional encoding as a value, with explicit positions.
+
+The encoding decides what happens to q, k and the scores:
+- `None`: q and k are used as given (for example already rotated, or keys rotated in a cache).
+- a `posenc.Rope`: q is rotated at `q_positions`, k at `k_positions` (so cached keys can sit at any position).
+- a bias scheme (`posenc.ALiBi`, `posenc.T5RelativeBias`, or anything with `bias(q_positions, k_positions)`
+  and `score_mod(q_positions, k_positions)`): the bias is added to the scaled scores.
+- an absolute scheme (`posenc.Sinusoidal`, `posenc.LearnedPositions`, or anything with
+  `embedding(positions) -> [..., d]`): the embedding of each position is added to q and to k.
+
+Masks are logical too: `causal=True` hides every key whose position is above the query's position (not
+its index), and `key_mask` hides padding or empty cache slots. A query row with no visible key returns
+zeros, never NaN.
+
+Implementations (`impl`), chosen out loud; an explicit choice never falls back:
+- `"eager"`: plain torch, the oracle (float32 math for half inputs, float64 for float64).
+- `"sdpa"`: `torch.nn.functional.scaled_dot_product_attention` with a float mask (bias + mask).
+- `"flex"`: `torch.nn.attention.flex_attention` with a `score_mod` computed from the positions; no
+  `[tq, tk]` bias tensor is built by posenc. Outside `torch.compile` PyTorch runs it unfused (and says so).
+
+    >>> import torch, posenc
+    >>> q, k, v = torch.randn(1, 4, 3, 8), torch.randn(1, 2, 5, 8), torch.randn(1, 2, 5, 8)
+    >>> out = attention(q, k, v, q_positions=torch.arange(2, 5), k_positions=torch.arange(5),
+    ...                 encoding=posenc.Rope(head_dim=8))
+    >>> out.shape
+    torch.Size([1, 4, 3, 8])
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+
+from .errors import check_float_tensor, check_int_positions, fail
+from .rope.spec import Rope
+
+__all__ = ["attention", "IMPLS", "encoding_kind"]
+
+IMPLS = ("eager", "sdpa", "flex")
+
+
+def encoding_kind(encoding: Any) -> str:
+    """Classify an encoding: "none", "rope", "bias" or "absolute" (raises PosencError otherwise)."""
+    if encoding is None:
+        return "none"
+    if isinstance(encoding, Rope):
+        return "rope"
+    if callable(getattr(encoding, "bias", None)) and callable(getattr(encoding, "score_mod", None)):
+        return "bias"
+    if callable(getattr(encoding, "embedding", None)):
+        return "absolute"
+    fail("encoding", "None, a posenc.Rope, a bias scheme (ALiBi, T5RelativeBias) or an absolute scheme", encoding)
+
+
+def _positions(arg: str, positions: Any, batch: int, tokens: int) -> torch.Tensor:
+    """Check `[t]` or `[b, t]` integer positions and return them as int64 `[b, t]`."""
+    check_int_positions(arg, positions, allow_negative=True)
+    if positions.ndim not in (1, 2) or positions.shape[-1] != tokens:
+        fail(arg, f"shape [{tokens}] or [b, {tokens}]", positions)
+    if positions.ndim == 2 and positions.shape[0] not in (1, batch):
+        fail(arg, f"batch size 1 or {batch}", positions)
+    return positions.long().reshape(-1, tokens).expand(batch, tokens).contiguous()  # [b, t]
+
+
+def _visible(q_pos: torch.Tensor, k_pos: torch.Tensor, causal: bool, key_mask: torch.Tensor | None) -> torch.Tensor:
+    """`[b, 1, tq, tk]` bool: which keys each query may see (logical positions, not indices)."""
+    b, tq, tk = q_pos.shape[0], q_pos.shape[1], k_pos.shape[1]
+    visible = torch.ones(b, 1, tq, tk, dtype=torch.bool, device=q_pos.device)
+    if causal:
+        visible = visible & (k_pos[:, None, None, :] <= q_pos[:, None, :, None])  # [b, 1, tq, tk]
+    if key_mask is not None:
+        visible = visible & key_mask[:, None, None, :]
+    return visible
+
+
+def attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    q_positions: torch.Tensor,
+    k_positions: torch.Tensor,
+    encoding: Any = None,
+    causal: bool = True,
+    key_mask: torch.Tensor | None = None,
+    scale: float | None = None,
+    impl: str = "eager",
+) -> torch.Tensor:
+    """Softmax attention with an explicit positional encoding and explicit logical positions.
+
+    Args:
+        q: `[b, hq, tq, d]` queries.
+        k: `[b, hk, tk, d]` keys; GQA when `hq % hk == 0` (each key head serves `hq // hk` query heads).
+        v: `[b, hk, tk, dv]` values.
+        q_positions: `[tq]` or `[b, tq]` integer logical positions of the queries (cache-aware).
+        k_positions: `[tk]` or `[b, tk]` integer logical positions of the keys.
+        encoding: None, a `Rope`, a bias scheme or an absolute scheme (see the module docstring).
+        causal: hide keys whose logical position is above the query's.
+        key_mask: `[b, tk]` bool, True = attend (False for padding and empty cache slots).
+        scale: multiplier on `q @ k^T` (default `1 / sqrt(d)`; T5 uses 1.0).
+        impl: "eager", "sdpa" or "flex".
+    Returns:
+        `[b, hq, tq, dv]` in q's dtype; rows with no visible key are zeros.
+    Raises:
+        PosencError: bad ranks or shapes, heads that do not divide, non-integer positions, an unknown
+            encoding or impl, an absolute embedding whose width is not d, `impl="flex"` on a torch without it.
+    """
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        check_float_tensor(name, x, ndim=(4,))
+    b, hq, tq, d = q.shape
+    if k.shape[0] != b or k.shape[-1] != d:
+        fail("k", f"shape [b={b}, hk, tk, d={d}] (as q {tuple(q.shape)})", k)
+    hk, tk = k.shape[1], k.shape[2]
+    if v.shape[:3] != k.shape[:3]:
+        fail("v", f"shape [{b}, {hk}, {tk}, dv] (as k)", v)
+    if hk == 0 or hq % hk:
+        fail("k", f"a head count that divides hq={hq} (GQA)", k)
+    if impl not in IMPLS:
+        fail("impl", f"one of {IMPLS}", impl)
+    if scale is None:
+        scale = 1.0 / math.sqrt(d)
+    elif isinstance(scale, bool) or not isinstance(scale, (int, float)) or not math.isfinite(scale):
+        fail("scale", "a finite number (or None for 1/sqrt(d))", scale)
+    q_pos = _positions("q_positions", q_positions, b, tq)  # [b, tq]
+    k_pos = _positions("k_positions", k_positions, b, tk)  # [b, tk]
+    if key_mask is not None:
+        if not isinstance(key_mask, torch.Tensor) or key_mask.dtype != torch.bool or key_mask.shape != (b, tk):
+            fail("key_mask", f"a bool tensor of shape [{b}, {tk}] (True = attend)", key_mask)
+
+    kind = encoding_kind(encoding)
+    if kind == "bias" and getattr(encoding, "heads", hq) != hq:
+        fail("encoding", f"a bias scheme covering hq={hq} heads", f"one covering {encoding.heads}")
+    if kind == "rope":
+        q = encoding.rotate(q, q_positions)
+        k = encoding.rotate(k, k_positions)
+    elif kind == "absolute":
+        q = q + _absolute(encoding, q_positions, d).unsqueeze(-3).to(q.dtype)  # [b?, 1, tq, d]
+        k = k + _absolute(encoding, k_positions, d).unsqueeze(-3).to(k.dtype)  # [b?, 1, tk, d]
+    visible = _visible(q_pos, k_pos, causal, key_mask)  # [b, 1, tq, tk]
+    any_visible = visible.any(-1, keepdim=True)  # [b, 1, tq, 1]
+    bias_scheme = encoding if kind == "bias" else None
+
+    if impl == "flex":
+        out = _flex(q, k, v, q_pos, k_pos, bias_scheme, causal, key_mask, scale)
+    else:
+        compute = torch.float64 if q.dtype == torch.float64 else torch.float32
+        # Rows with no visible key see everything (finite softmax) and are zeroed after: never NaN.
+        safe = visible | ~any_visible  # [b, 1, tq, tk]
+        bias = torch.zeros((), dtype=compute, device=q.device)
+        if bias_scheme is not None:
+            bias = _bias_4d(bias_scheme, q_positions, k_positions, hq).to(compute)  # [b or 1, h, tq, tk]
+        groups = hq // hk
+        k_rep = k.repeat_interleave(groups, dim=1) if groups > 1 else k  # [b, hq, tk, d]
+        v_rep = v.repeat_interleave(groups, dim=1) if groups > 1 else v  # [b, hq, tk, dv]
+        if impl == "eager":
+            scores = (q.to(compute) @ k_rep.to(compute).transpose(-1, -2)) * scale + bias  # [b, hq, tq, tk]
+            scores = scores.masked_fill(~safe, float("-inf"))
+            probs = torch.softmax(scores, dim=-1)  # [b, hq, tq, tk]
+            out = probs @ v_rep.to(compute)  # [b, hq, tq, dv]
+        else:
+            mask = torch.zeros(safe.shape, dtype=q.dtype, device=q.device).masked_fill(~safe, float("-inf"))
+            mask = mask + bias.to(q.dtype)  # [b, h or 1, tq, tk] float mask
+            out = torch.nn.functional.scaled_dot_product_attention(q, k_rep, v_rep, attn_mask=mask, scale=scale)
+    out = out * any_visible  # [b, hq, tq, dv]; rows with nothing to see -> 0
+    return out.to(q.dtype)
+
+
+def _absolute(encoding: Any, positions: torch.Tensor, d: int) -> torch.Tensor:
+    emb = encoding.embedding(positions)  # [t, d] or [b, t, d]
+    if emb.shape[-1] != d:
+        fail("encoding", f"an absolute embedding of width d={d}", emb)
+    return emb
+
+
+def _bias_4d(scheme: Any, q_positions: torch.Tensor, k_positions: torch.Tensor, heads: int) -> torch.Tensor:
+    bias = scheme.bias(q_positions, k_positions)  # [h, tq, tk] or [b, h, tq, tk]
+    if bias.shape[-3] != heads:
+        fail("encoding", f"a bias scheme for hq={heads} heads", bias)
+    return bias if bias.ndim == 4 else bias.unsqueeze(0)  # [b or 1, h, tq, tk]
+
+
+def _flex(q, k, v, q_pos, k_pos, scheme, causal, key_mask, scale) -> torch.Tensor:
+    try:
+        from torch.nn.attention.flex_attention import flex_attention
+    except ImportError:  # pragma: no cover - torch < 2.5
+        fail("impl", "'eager' or 'sdpa' (this torch has no flex_attention)", "flex")
+    bias_mod = scheme.score_mod(q_pos, k_pos) if scheme is not None else None
+
+    def score_mod(score, b, h, q_idx, kv_idx):
+        if bias_mod is not None:
+            score = bias_mod(score, b, h, q_idx, kv_idx)
+        # python-float -inf, not a captured 0-d tensor: inductor's CPU flex template rejects 0-d buffers
+        if causal:
+            score = torch.where(k_pos[b, kv_idx] <= q_pos[b, q_idx], score, float("-inf"))
+        if key_mask is not None:
+            score = torch.where(key_mask[b, kv_idx], score, float("-inf"))
+        return score
+
+    groups = q.shape[1] // k.shape[1]
+    return flex_attention(q, k, v, score_mod=score_mod, scale=scale, enable_gqa=groups > 1)  # [b, hq, tq, dv]
