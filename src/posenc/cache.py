@@ -1,0 +1,387 @@
+"""A KV cache that keeps the logical position of every slot, per batch row.
+
+Slots of a row fill from 0 in the order tokens arrive; a row's positions are strictly increasing along
+its slots (appends must continue past the last cached position), so slot order is position order and
+the array index of a slot is never mistaken for its position. Empty slots have position -1.
+
+Keys are stored `store="rotated"` (RoPE applied at write: decode reads them as they are) or
+`"unrotated"` (rotated at read at the slot's current position: shifts and table switches cost nothing).
+Each row remembers `table_len`, the sequence length whose RoPE table its keys belong to; length-dependent
+scalings (dynamic NTK, LongRoPE) pick their frequencies from it, one row at a time, so a row never depends
+on what else is in its batch (transformers takes the batch maximum; posenc does not).
+
+When a row's table would change (`retable`), the cache applies its `policy`:
+- "recompute": report the row; the model re-runs its cached tokens under the new table (exact).
+- "rerotate": turn every layer's cached keys from the old table to the new one (rotated storage), or
+  just switch the table rotated on read (unrotated storage).
+- "freeze": keep the table chosen when the row was first filled.
+- "refuse": raise PosencError.
+
+    >>> import torch, posenc
+    >>> cache = KVCache(1, 1, 1, 4, capacity=8, rope=posenc.Rope(head_dim=4))
+    >>> slots = cache.reserve(torch.tensor([[5, 6]]))      # two tokens at logical positions 5 and 6
+    >>> cache.positions[0, :3].tolist(), cache.next_positions().tolist()
+    ([5, 6, -1], [7])
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from .errors import check_int_positions, fail
+from .rope.apply import apply_rope
+from .rope.spec import Rope
+
+__all__ = ["KVCache", "STORES", "POLICIES", "row_tables", "rerotation_tables"]
+
+STORES = ("rotated", "unrotated")
+POLICIES = ("recompute", "rerotate", "freeze", "refuse")
+
+
+def row_tables(rope: Rope, positions: torch.Tensor, seq_lens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-row RoPE tables: row i uses the table of sequence length `seq_lens[i]`.
+
+    Args:
+        rope: the embedding.
+        positions: `[b, t]` integer positions (negative entries, empty slots, are read as 0).
+        seq_lens: `[b]` int64 lengths (only used by length-dependent scalings).
+    Returns:
+        `(cos, sin)` float32 `[b, t, r/2]`, attention factor applied, equal to `rope.cos_sin(row, seq_len=L)`.
+    """
+    positions = positions.clamp(min=0)  # [b, t]; empty slots get a harmless angle, they are masked
+    if not rope.scaling.depends_on_length:
+        return rope.cos_sin(positions)
+    half = rope.rotary_dim // 2
+    cos = torch.empty(*positions.shape, half, dtype=torch.float32, device=positions.device)  # [b, t, r/2]
+    sin = torch.empty_like(cos)
+    for length in seq_lens.unique().tolist():  # one table per distinct length, never the batch maximum
+        rows = seq_lens == length
+        cos[rows], sin[rows] = rope.cos_sin(positions[rows], seq_len=int(length))
+    return cos, sin
+
+
+def rerotation_tables(
+    rope: Rope, old_positions: torch.Tensor, new_positions: torch.Tensor, old_lens: torch.Tensor, new_lens: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """float64 `[b, t, r/2]` tables that turn a key rotated by the old table into the new one.
+
+    The 2x2 map per pair is `R_new @ R_old^-1`, built from the very float32 tables a forward uses
+    (`c = a cos(p w)`, `s = a sin(p w)`, attention factor `a` included), so the result equals the key a
+    forward computes with the new table to float64 rounding. It is the rotation by the phase difference
+    `p_new w_new - p_old w_old`, scaled by `a_new / a_old`; rotating by `cos/sin(delta)` from fresh
+    angles instead would leave the float32 rounding of both tables (~1e-7) in the key.
+    """
+    c_old, s_old = (x.double() for x in row_tables(rope, old_positions, old_lens))  # [b, t, r/2]
+    c_new, s_new = (x.double() for x in row_tables(rope, new_positions, new_lens))
+    norm = c_old * c_old + s_old * s_old  # a_old^2 (up to the tables' rounding), never 0
+    return (c_new * c_old + s_new * s_old) / norm, (s_new * c_old - c_new * s_old) / norm
+
+
+class KVCache:
+    """Fixed-capacity key/value buffers with the logical position of every slot, per batch row.
+
+    Args:
+        num_layers: layers (one k and one v buffer each).
+        batch_size: rows b.
+        num_kv_heads: key/value heads hk.
+        head_dim: channels per key head d.
+        capacity: slots per row.
+        rope: the RoPE the keys carry (None for caches of schemes that do not rotate keys).
+        store: "rotated" (keys stored rotated) or "unrotated" (rotated on read).
+        policy: what `retable` does when a row's table changes (see the module docstring).
+        value_dim: channels per value head (default d).
+        dtype, device: of the buffers (the model's dtype).
+    Attributes:
+        k, v: per layer `[b, hk, capacity, d]`; positions `[b, capacity]` int64 (-1 = empty);
+        tokens `[b, capacity]` int64 token ids (-1 = unknown); lengths `[b]` filled slots;
+        table_len `[b]` sequence length of the table the row's keys use (0 = row never filled).
+    Raises:
+        PosencError: non-positive sizes, an unknown store or policy, a rope whose head_dim is not d.
+    """
+
+    def __init__(self, num_layers: int, batch_size: int, num_kv_heads: int, head_dim: int, capacity: int, *,
+                 rope: Rope | None = None, store: str = "rotated", policy: str = "recompute",
+                 value_dim: int | None = None, dtype: torch.dtype = torch.float32, device: Any = None) -> None:
+        sizes = dict(num_layers=num_layers, batch_size=batch_size, num_kv_heads=num_kv_heads, head_dim=head_dim,
+                     capacity=capacity, value_dim=head_dim if value_dim is None else value_dim)
+        for arg, value in sizes.items():
+            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+                fail(arg, "a positive integer", value)
+        if store not in STORES:
+            fail("store", f"one of {STORES}", store)
+        if policy not in POLICIES:
+            fail("policy", f"one of {POLICIES}", policy)
+        if rope is not None and (not isinstance(rope, Rope) or rope.head_dim != head_dim):
+            fail("rope", f"None or a posenc.Rope with head_dim={head_dim}", rope)
+        if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+            fail("dtype", "a floating-point torch.dtype", dtype)
+        self.rope, self.store, self.policy = rope, store, policy
+        shape_k = (batch_size, num_kv_heads, capacity, head_dim)
+        shape_v = (batch_size, num_kv_heads, capacity, sizes["value_dim"])
+        self.k = [torch.zeros(shape_k, dtype=dtype, device=device) for _ in range(num_layers)]
+        self.v = [torch.zeros(shape_v, dtype=dtype, device=device) for _ in range(num_layers)]
+        self.positions = torch.full((batch_size, capacity), -1, dtype=torch.long, device=device)
+        self.tokens = torch.full((batch_size, capacity), -1, dtype=torch.long, device=device)
+        self.lengths = torch.zeros(batch_size, dtype=torch.long, device=device)
+        self.table_len = torch.zeros(batch_size, dtype=torch.long, device=device)
+
+    # ---------------------------------------------------------------- facts
+    @property
+    def batch_size(self) -> int:
+        return self.positions.shape[0]
+
+    @property
+    def capacity(self) -> int:
+        return self.positions.shape[1]
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.k)
+
+    @property
+    def width(self) -> int:
+        """Slots a read covers: the longest row's length."""
+        return int(self.lengths.max()) if self.batch_size else 0
+
+    def next_positions(self) -> torch.Tensor:
+        """`[b]` int64: one past each row's last cached position (0 for an empty row)."""
+        return self.positions.max(dim=1).values.clamp(min=-1) + 1
+
+    def valid(self) -> torch.Tensor:
+        """`[b, capacity]` bool: filled slots."""
+        return self.positions >= 0
+
+    def __repr__(self) -> str:
+        return (f"KVCache(layers={self.num_layers}, batch={self.batch_size}, capacity={self.capacity}, "
+                f"store={self.store!r}, policy={self.policy!r}, lengths={self.lengths.tolist()})")
+
+    # ---------------------------------------------------------------- writing
+    def check_append(self, positions: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+        """Validate new tokens without changing anything; return the bool mask `[b, t]`.
+
+        New positions of a row must be >= 0, strictly increasing, past the row's last cached position,
+        and fit in the free slots. Masked tokens (padding) are ignored and never enter the cache.
+        """
+        b = self.batch_size
+        check_int_positions("position_ids", positions, allow_negative=True)
+        if positions.ndim != 2 or positions.shape[0] != b:
+            fail("position_ids", f"shape [b={b}, t]", positions)
+        if mask is None:
+            mask = torch.ones(positions.shape, dtype=torch.bool, device=positions.device)
+        if not isinstance(mask, torch.Tensor) or mask.dtype != torch.bool or mask.shape != positions.shape:
+            fail("attention_mask", f"a bool tensor of shape {tuple(positions.shape)}", mask)
+        big = torch.iinfo(torch.long).max
+        real = positions.long().masked_fill(~mask, big)  # [b, t]; padding never constrains anything
+        if bool((real < 0).any()):
+            fail("position_ids", "positions >= 0 for unmasked tokens", f"min {int(real.min())}")
+        prev = torch.cat((self.next_positions()[:, None] - 1, real), dim=1)  # [b, 1 + t]
+        prev = torch.cummax(prev.masked_fill(prev == big, -1), dim=1).values[:, :-1]  # last real position before
+        bad = mask & (real <= prev)
+        if bool(bad.any()):
+            row, col = (int(i) for i in bad.nonzero()[0])
+            fail("position_ids", f"row {row} strictly increasing and past its last cached position "
+                 f"{int(prev[row, col])} (each position holds one token)", int(positions[row, col]))
+        free = self.capacity - self.lengths
+        count = mask.sum(dim=1)  # [b]
+        if bool((count > free).any()):
+            row = int((count > free).nonzero()[0])
+            fail("input_ids", f"at most {int(free[row])} new tokens in row {row} (capacity {self.capacity})",
+                 int(count[row]))
+        return mask
+
+    def reserve(self, positions: torch.Tensor, mask: torch.Tensor | None = None,
+                tokens: torch.Tensor | None = None) -> torch.Tensor:
+        """Claim slots for new tokens and record their positions (and token ids, which "recompute" needs).
+
+        Args:
+            positions: `[b, t]` integer logical positions.
+            mask: `[b, t]` bool, False for padding (no slot).
+            tokens: `[b, t]` token ids, or None.
+        Returns:
+            `[b, t]` int64 slot of each token (-1 for padding), for `write`.
+        Raises:
+            PosencError: see `check_append`.
+        """
+        mask = self.check_append(positions, mask)
+        slots = self.lengths[:, None] + mask.long().cumsum(dim=1) - 1  # [b, t]
+        slots = slots.masked_fill(~mask, -1)
+        rows, cols = mask.nonzero(as_tuple=True)
+        self.positions[rows, slots[rows, cols]] = positions[rows, cols].long()
+        if tokens is not None:
+            self.tokens[rows, slots[rows, cols]] = tokens[rows, cols].long()
+        self.lengths += mask.sum(dim=1)
+        return slots
+
+    def write(self, layer: int, k: torch.Tensor, v: torch.Tensor, slots: torch.Tensor,
+              cos: torch.Tensor | None = None, sin: torch.Tensor | None = None) -> None:
+        """Store one layer's new keys and values in their reserved slots.
+
+        Args:
+            layer: layer index.
+            k: `[b, hk, t, d]` keys, NOT rotated; rotated here when `store="rotated"` and the cache has a rope.
+            v: `[b, hk, t, dv]` values.
+            slots: `[b, t]` from `reserve`.
+            cos, sin: `[b, t, r/2]` tables of the new positions (default: `row_tables` at `table_len`).
+        """
+        if self.store == "rotated" and self.rope is not None:
+            if cos is None or sin is None:
+                cos, sin = self.tables(self.positions.gather(1, slots.clamp(min=0)))
+            k = apply_rope(k, cos, sin, pairing=self.rope.pairing)  # [b, hk, t, d]
+        rows, cols = (slots >= 0).nonzero(as_tuple=True)
+        dest = slots[rows, cols]
+        self.k[layer][rows, :, dest] = k[rows, :, cols].to(self.k[layer].dtype)  # [n, hk, d]
+        self.v[layer][rows, :, dest] = v[rows, :, cols].to(self.v[layer].dtype)
+
+    # ---------------------------------------------------------------- reading
+    def tables(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """`row_tables` of this cache's rope for `positions [b, t]`, each row at its `table_len`."""
+        if self.rope is None:
+            fail("rope", "a posenc.Rope (this cache was built without one)", None)
+        return row_tables(self.rope, positions, self.table_len)
+
+    def read(self, layer: int, key_tables: tuple[torch.Tensor, torch.Tensor] | None = None
+             ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Keys (rotated at their slot positions) and values of the first `width` slots.
+
+        Args:
+            layer: layer index.
+            key_tables: for unrotated storage, precomputed `tables(positions[:, :width])` (one per step).
+        Returns:
+            `(k [b, hk, width, d], v [b, hk, width, dv])`; pair with `positions[:, :width]` and `valid()`.
+        """
+        w = self.width
+        k, v = self.k[layer][:, :, :w], self.v[layer][:, :, :w]  # [b, hk, w, d]
+        if self.store == "unrotated" and self.rope is not None:
+            cos, sin = key_tables if key_tables is not None else self.tables(self.positions[:, :w])
+            k = apply_rope(k, cos, sin, pairing=self.rope.pairing)
+        return k, v
+
+    # ---------------------------------------------------------------- tables and policies
+    def table_changes(self, seq_lens: torch.Tensor) -> torch.Tensor:
+        """`[b]` bool: filled rows whose table at `seq_lens` differs from the one their keys use."""
+        changed = torch.zeros(self.batch_size, dtype=torch.bool, device=self.lengths.device)
+        if self.rope is None or not self.rope.scaling.depends_on_length:
+            return changed
+        for row in (self.lengths > 0).nonzero().flatten().tolist():
+            old = self.rope.inv_freq(int(self.table_len[row]))
+            new = self.rope.inv_freq(int(seq_lens[row]))
+            changed[row] = not (torch.equal(old[0], new[0]) and old[1] == new[1])
+        return changed
+
+    def retable(self, seq_lens: torch.Tensor) -> torch.Tensor:
+        """Move each row to the table of `seq_lens [b]` under this cache's policy.
+
+        Returns:
+            `[b]` bool: rows the caller must re-run from their cached tokens ("recompute"; their cached
+            entries are left as they are, the caller clears them). Empty rows simply adopt the new length.
+        Raises:
+            PosencError: policy "refuse" and a filled row whose frequencies would change (nothing is modified).
+        """
+        seq_lens = seq_lens.to(self.table_len)
+        changed = self.table_changes(seq_lens)
+        if self.policy == "refuse" and bool(changed.any()):
+            row = int(changed.nonzero()[0])
+            fail("policy", f"a table that stays the same (row {row} was filled at length "
+                 f"{int(self.table_len[row])}; policy 'refuse')", f"length {int(seq_lens[row])}")
+        if self.policy == "freeze":
+            adopt = self.lengths == 0
+        elif self.policy == "rerotate":
+            if self.store == "rotated" and bool(changed.any()):
+                self._rerotate(changed, self.positions, seq_lens)
+            adopt = torch.ones_like(changed)
+        else:  # recompute, or refuse with nothing changing
+            adopt = ~changed if self.policy == "recompute" else torch.ones_like(changed)
+        self.table_len = torch.where(adopt, seq_lens, self.table_len)
+        return changed if self.policy == "recompute" else torch.zeros_like(changed)
+
+    def _rerotate(self, rows: torch.Tensor, new_positions: torch.Tensor, new_lens: torch.Tensor) -> None:
+        """Rotated storage: turn the keys of `rows` from (positions, table_len) to (new_positions, new_lens)."""
+        w = self.width
+        old_p, new_p = self.positions[rows, :w], new_positions[rows, :w]  # [n, w]
+        cos, sin = rerotation_tables(self.rope, old_p, new_p, self.table_len[rows], new_lens[rows])  # [n, w, r/2]
+        # stored pairs are split-half after an interleaved_to_split_half rotation
+        pairing = "split_half" if self.rope.pairing == "interleaved_to_split_half" else self.rope.pairing
+        for k in self.k:
+            k[rows, :, :w] = apply_rope(k[rows, :, :w], cos, sin, pairing=pairing)  # [n, hk, w, d]
+
+    # ---------------------------------------------------------------- editing
+    def clear(self, rows: torch.Tensor | None = None) -> None:
+        """Empty the given rows (`[b]` bool; default all)."""
+        rows = torch.ones_like(self.lengths, dtype=torch.bool) if rows is None else rows
+        self.positions[rows] = -1
+        self.tokens[rows] = -1
+        self.lengths[rows] = 0
+        self.table_len[rows] = 0
+        for k, v in zip(self.k, self.v):
+            k[rows] = 0
+            v[rows] = 0
+
+    def keep(self, keep: torch.Tensor) -> None:
+        """Keep the filled slots where `keep [b, capacity]` is True, compacted in order; drop the rest."""
+        if not isinstance(keep, torch.Tensor) or keep.dtype != torch.bool or keep.shape != self.positions.shape:
+            fail("keep", f"a bool tensor of shape {tuple(self.positions.shape)}", keep)
+        keep = keep & self.valid()
+        order = torch.argsort((~keep).to(torch.int8), dim=1, stable=True)  # kept slots first, in order
+        self.positions = self.positions.gather(1, order).masked_fill(~keep.gather(1, order), -1)
+        self.tokens = self.tokens.gather(1, order).masked_fill(~keep.gather(1, order), -1)
+        self.lengths = keep.sum(dim=1)
+        empty = (self.positions < 0)[:, None, :, None]  # [b, 1, cap, 1]
+        for i in range(self.num_layers):
+            index = order[:, None, :, None]
+            self.k[i] = self.k[i].gather(2, index.expand_as(self.k[i])).masked_fill(empty, 0)
+            self.v[i] = self.v[i].gather(2, index.expand_as(self.v[i])).masked_fill(empty, 0)
+
+    def rollback(self, n: int | torch.Tensor) -> None:
+        """Drop the last `n` tokens of each row (`n` int or `[b]`), e.g. rejected speculative tokens."""
+        n = torch.as_tensor(n, device=self.lengths.device)
+        if n.dtype.is_floating_point or n.dtype == torch.bool or n.ndim > 1 or bool((n < 0).any()) \
+                or bool((n > self.lengths).any()):
+            fail("n", f"an integer (or [b] integers) in [0, lengths={self.lengths.tolist()}]", n)
+        slot = torch.arange(self.capacity, device=self.lengths.device)
+        self.keep(slot[None, :] < (self.lengths - n)[:, None])
+
+    def reorder(self, index: torch.Tensor) -> None:
+        """Rows become `old_rows[index]` (beam search); every row keeps its own positions."""
+        if not isinstance(index, torch.Tensor) or index.dtype.is_floating_point or index.ndim != 1 \
+                or index.dtype == torch.bool or bool(((index < 0) | (index >= self.batch_size)).any()):
+            fail("index", f"a 1-D integer tensor of rows in [0, {self.batch_size})", index)
+        index = index.long().to(self.lengths.device)
+        for name in ("positions", "tokens", "lengths", "table_len"):
+            setattr(self, name, getattr(self, name)[index])
+        self.k = [k[index] for k in self.k]
+        self.v = [v[index] for v in self.v]
+
+    def keep_recent(self, window: int, sinks: int = 0, *, shift: bool = False) -> None:
+        """Sliding window with attention sinks (StreamingLLM): keep the first `sinks` and last `window` tokens.
+
+        With `shift=True` the kept tokens move to contiguous positions starting at the row's first kept
+        position; rotated keys are rotated by the position difference (no recomputation).
+        """
+        for arg, value, low in (("window", window, 1), ("sinks", sinks, 0)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < low:
+                fail(arg, f"an integer >= {low}", value)
+        slot = torch.arange(self.capacity, device=self.lengths.device)[None, :]  # [1, cap]
+        self.keep((slot < sinks) | (slot >= self.lengths[:, None] - window))
+        if shift:
+            first = self.positions[:, :1].clamp(min=0)  # [b, 1]
+            self.move(torch.where(self.valid(), first + slot, -1))
+
+    def move(self, new_positions: torch.Tensor) -> None:
+        """Give filled slots new positions (`[b, capacity]`, strictly increasing per row), re-rotating keys.
+
+        Rotated storage turns each key from its old position to its new one with the row's table
+        (`rerotation_tables`); unrotated storage and bias schemes just read the new positions.
+        """
+        if not isinstance(new_positions, torch.Tensor) or new_positions.shape != self.positions.shape:
+            fail("new_positions", f"an integer tensor of shape {tuple(self.positions.shape)}", new_positions)
+        check_int_positions("new_positions", new_positions, allow_negative=True)
+        valid = self.valid()
+        new_positions = torch.where(valid, new_positions.long(), -1)
+        step = new_positions[:, 1:] - new_positions[:, :-1]
+        if bool((valid & (new_positions < 0)).any()) or bool((valid[:, 1:] & (step <= 0)).any()):
+            fail("new_positions", "positions >= 0, strictly increasing along each row's filled slots", new_positions)
+        if self.store == "rotated" and self.rope is not None:
+            self._rerotate(self.lengths > 0, new_positions, self.table_len)
+        self.positions = new_positions

@@ -1,0 +1,266 @@
+"""A small Llama-family decoder built from posenc's parts, with an explicit KV cache.
+
+`forward(input_ids, position_ids=None, attention_mask=None, cache=None) -> logits`: positions are
+logical and explicit; when omitted they count only the tokens the mask keeps, continuing after the
+cache's last position, so left padding never shifts them. The cache is an object passed in and updated.
+
+Length-dependent scalings (dynamic NTK, LongRoPE) use, for each row, `seq_len = last position + 1` of
+that row alone; transformers' batch maximum is not used because it makes a request depend on its
+batch-mates. When a row grows into a different table, the cache's policy decides (cost per switch):
+- "recompute" (default): re-run the row's cached tokens under the new table in the same forward, so
+  every step equals a full forward over the whole sequence. Cost: a forward over all cached tokens per
+  switch (LongRoPE: once, at L0 + 1; dynamic NTK: every step past L0).
+- "rerotate": rotate every layer's cached keys to the new table (rotated storage: one 2x2 map per cached
+  key and layer; unrotated storage: free, keys are rotated on read). First-layer keys are exact; deeper
+  layers keep values and keys computed from hidden states of the old table, so logits differ from a full forward.
+- "freeze": keep the table chosen when the row was first filled. Cost: none. Differs from a full forward.
+- "refuse": raise PosencError, changing nothing.
+
+    >>> import torch
+    >>> cfg = {"vocab_size": 50, "hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4,
+    ...        "num_key_value_heads": 2, "intermediate_size": 64}
+    >>> model = Decoder.from_hf_config(cfg, seed=0).double()
+    >>> cache = model.new_cache(batch_size=1, capacity=16)
+    >>> model(torch.tensor([[1, 2, 3]]), cache=cache).shape, cache.next_positions().tolist()
+    (torch.Size([1, 3, 50]), [3])
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+from torch import nn
+
+from ..attention import encoding_kind
+from ..cache import KVCache
+from ..errors import fail
+from ..rope.spec import Rope
+from .layers import DecoderLayer, RMSNorm
+
+__all__ = ["Decoder"]
+
+
+def _size(cfg: dict[str, Any], key: str, default: Any = None) -> int:
+    value = cfg.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0 or int(value) != value:
+        fail(f"config['{key}']", "a positive integer", value if key in cfg else "nothing (key missing)")
+    return int(value)
+
+
+class Decoder(nn.Module):
+    """Llama-style decoder (RMSNorm, GQA attention with a pluggable positional scheme, SwiGLU MLP).
+
+    Args:
+        vocab_size, hidden_size, num_layers, num_heads, intermediate_size: the usual sizes.
+        num_kv_heads: key/value heads (GQA; default num_heads).
+        head_dim: channels per head (default hidden_size / num_heads).
+        encoding: a `posenc.Rope`, a bias scheme (`ALiBi`, `T5RelativeBias`), an absolute scheme with
+            `embedding(positions) -> [..., hidden_size]` (added to the token embeddings), or None (no positions).
+        rms_norm_eps, tie_word_embeddings, attention_bias, mlp_bias: as in transformers' Llama.
+    Raises:
+        PosencError: non-positive sizes, heads that do not divide, an encoding of the wrong kind or width.
+    """
+
+    def __init__(self, *, vocab_size: int, hidden_size: int, num_layers: int, num_heads: int, intermediate_size: int,
+                 num_kv_heads: int | None = None, head_dim: int | None = None, encoding: Any = None,
+                 rms_norm_eps: float = 1e-6, tie_word_embeddings: bool = False, attention_bias: bool = False,
+                 mlp_bias: bool = False) -> None:
+        super().__init__()
+        sizes = dict(vocab_size=vocab_size, hidden_size=hidden_size, num_layers=num_layers, num_heads=num_heads,
+                     intermediate_size=intermediate_size, num_kv_heads=num_kv_heads or num_heads)
+        for key, value in sizes.items():
+            _size(sizes, key)
+        num_kv_heads = sizes["num_kv_heads"]
+        if num_heads % num_kv_heads:
+            fail("num_kv_heads", f"a divisor of num_heads={num_heads}", num_kv_heads)
+        if head_dim is None:
+            if hidden_size % num_heads:
+                fail("hidden_size", f"a multiple of num_heads={num_heads} (or give head_dim)", hidden_size)
+            head_dim = hidden_size // num_heads
+        self.kind = encoding_kind(encoding)
+        if self.kind == "rope" and encoding.head_dim != head_dim:
+            fail("encoding", f"a Rope with head_dim={head_dim}", encoding)
+        if self.kind == "bias" and getattr(encoding, "heads", num_heads) != num_heads:
+            fail("encoding", f"a bias scheme for num_heads={num_heads}", encoding)
+        if self.kind == "absolute" and encoding.embedding(torch.zeros(1, dtype=torch.long)).shape[-1] != hidden_size:
+            fail("encoding", f"an absolute scheme whose embedding has width hidden_size={hidden_size}", encoding)
+        self.vocab_size, self.num_heads = vocab_size, num_heads
+        self.num_kv_heads, self.head_dim = num_kv_heads, head_dim
+        self.encoding = encoding  # an nn.Module encoding (T5RelativeBias) registers as a submodule
+        self.rope: Rope | None = encoding if self.kind == "rope" else None
+        self.scale = head_dim**-0.5 * (self.rope.softmax_scale_factor if self.rope is not None else 1.0)
+        self.embed_tokens = nn.Embedding(vocab_size, hidden_size)
+        self.layers = nn.ModuleList(
+            DecoderLayer(hidden_size, num_heads, num_kv_heads, head_dim, intermediate_size, rms_norm_eps,
+                         attention_bias, mlp_bias) for _ in range(num_layers))
+        self.norm = RMSNorm(hidden_size, rms_norm_eps)
+        self.lm_head = nn.Linear(hidden_size, vocab_size, bias=False)
+        if tie_word_embeddings:
+            self.lm_head.weight = self.embed_tokens.weight
+
+    @classmethod
+    def from_hf_config(cls, config: Any, *, encoding: Any = None, seed: int | None = None) -> "Decoder":
+        """A random-weight decoder shaped by a Llama-family `config.json` dict (or `PretrainedConfig`).
+
+        Args:
+            config: vocab_size, hidden_size, num_hidden_layers, num_attention_heads, num_key_value_heads,
+                intermediate_size, optional head_dim, rms_norm_eps, tie_word_embeddings, attention_bias,
+                mlp_bias, and any RoPE settings `Rope.from_hf_config` accepts (model_type defaults to "llama").
+            encoding: override the positional scheme (default: `Rope.from_hf_config(config)`).
+            seed: seed for the random weights (default: torch's global generator).
+        Returns:
+            The decoder (float32; call `.double()` for float64).
+        Raises:
+            PosencError: missing or invalid sizes, unsupported activations or sliding windows, bad RoPE settings.
+        """
+        from ..hf import config_to_dict
+
+        cfg = config_to_dict(config)
+        cfg.setdefault("model_type", "llama")
+        if cfg.get("hidden_act", "silu") != "silu":
+            fail("config['hidden_act']", "'silu' (SwiGLU MLP)", cfg.get("hidden_act"))
+        if cfg.get("sliding_window") is not None and cfg.get("use_sliding_window", True):
+            fail("config['sliding_window']", "None (this decoder has no sliding-window layers)", cfg["sliding_window"])
+        heads = _size(cfg, "num_attention_heads")
+        sizes = dict(vocab_size=_size(cfg, "vocab_size"), hidden_size=_size(cfg, "hidden_size"),
+                     num_layers=_size(cfg, "num_hidden_layers"), num_heads=heads,
+                     intermediate_size=_size(cfg, "intermediate_size"),
+                     num_kv_heads=_size(cfg, "num_key_value_heads", heads),
+                     head_dim=_size(cfg, "head_dim") if cfg.get("head_dim") else None)
+        if encoding is None:
+            encoding = Rope.from_hf_config(cfg)
+        eps = cfg.get("rms_norm_eps", 1e-6)
+        if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not 0 <= eps < 1:
+            fail("config['rms_norm_eps']", "a number in [0, 1)", eps)
+        flags = {key: cfg.get(key, False) for key in ("tie_word_embeddings", "attention_bias", "mlp_bias")}
+        for key, value in flags.items():
+            if not isinstance(value, bool):
+                fail(f"config['{key}']", "true or false", value)
+        with torch.random.fork_rng(devices=[]):
+            if seed is not None:
+                torch.manual_seed(seed)
+            return cls(**sizes, encoding=encoding, rms_norm_eps=float(eps), **flags)
+
+    # ---------------------------------------------------------------- cache
+    def new_cache(self, batch_size: int, capacity: int, store: str = "rotated", policy: str = "recompute") -> KVCache:
+        """An empty `KVCache` for this model (its dtype, device, heads and RoPE).
+
+        Args:
+            batch_size: rows. capacity: slots per row.
+            store: "rotated" or "unrotated" keys. policy: "recompute", "rerotate", "freeze" or "refuse".
+        """
+        weight = self.embed_tokens.weight
+        return KVCache(len(self.layers), batch_size, self.num_kv_heads, self.head_dim, capacity, rope=self.rope,
+                       store=store, policy=policy, dtype=weight.dtype, device=weight.device)
+
+    # ---------------------------------------------------------------- forward
+    def forward(self, input_ids: torch.Tensor, *, position_ids: torch.Tensor | None = None,
+                attention_mask: torch.Tensor | None = None, cache: KVCache | None = None) -> torch.Tensor:
+        """Logits for new tokens, appending them to `cache` (a temporary cache when None: a full forward).
+
+        Args:
+            input_ids: `[b, t]` token ids.
+            position_ids: `[t]` or `[b, t]` logical positions (default: count the kept tokens after the cache).
+            attention_mask: `[b, t]`, or `[b, cached + t]` as transformers passes it (only the last t columns
+                are used; the earlier ones must count each row's cached tokens); 0/False = padding.
+            cache: a `KVCache` from `new_cache`, updated in place.
+        Returns:
+            `[b, t, vocab]` logits; rows at padding are finite but meaningless.
+        Raises:
+            PosencError: bad ids, masks or positions (not increasing, not past the cache), a full cache,
+                a cache of another shape, policy "refuse" when a row's frequencies change.
+        """
+        ids, mask = self._check_inputs(input_ids, attention_mask, cache)
+        b, t = ids.shape
+        if cache is None:
+            cache = self.new_cache(b, t)
+        elif not isinstance(cache, KVCache) or cache.batch_size != b or cache.num_layers != len(self.layers) \
+                or cache.k[0].shape[1:2] + cache.k[0].shape[3:] != (self.num_kv_heads, self.head_dim) \
+                or cache.rope != self.rope:
+            fail("cache", f"a KVCache from this model's new_cache with batch_size={b}", cache)
+        start = cache.next_positions()  # [b]
+        if position_ids is None:
+            positions = start[:, None] + mask.long().cumsum(dim=1) - 1  # [b, t]
+        else:
+            positions = self._check_positions(position_ids, b, t)
+        positions = positions.masked_fill(~mask, 0)  # padding: a placeholder, never cached or counted
+        cache.check_append(positions, mask)  # validates before anything changes
+        seq_lens = torch.maximum(start, (positions + 1).masked_fill(~mask, 0).max(dim=1).values)  # [b], per row
+        if self.rope is not None and self.rope.scaling.depends_on_length:
+            redo = cache.retable(seq_lens)
+            if bool(redo.any()):
+                ids, positions, mask = self._prepend_cached(cache, redo, ids, positions, mask)
+                cache.retable(seq_lens)  # the cleared rows adopt the new table
+        else:
+            cache.retable(seq_lens)
+        return self._run(ids, positions, mask, cache)[:, -t:]
+
+    def _run(self, ids: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor, cache: KVCache) -> torch.Tensor:
+        slots = cache.reserve(positions, mask, ids)  # [b, t]
+        h = self.embed_tokens(ids)  # [b, t, hidden]
+        if self.kind == "absolute":
+            h = h + self.encoding.embedding(positions).to(h.dtype)  # [b, t, hidden]
+        w = cache.width
+        key_positions = cache.positions[:, :w]  # [b, w]
+        step = dict(slots=slots, positions=positions, key_positions=key_positions, key_mask=key_positions >= 0,
+                    cos=None, sin=None, key_tables=None, scale=self.scale,
+                    bias=self.encoding if self.kind == "bias" else None)
+        if self.rope is not None:
+            step["cos"], step["sin"] = cache.tables(positions)  # [b, t, r/2], each row at its table_len
+            if cache.store == "unrotated":
+                step["key_tables"] = cache.tables(key_positions)  # [b, w, r/2], shared by every layer
+        for i, layer in enumerate(self.layers):
+            h = layer(h, i, step, cache)  # [b, t, hidden]
+        return self.lm_head(self.norm(h))  # [b, t, vocab]
+
+    def _prepend_cached(self, cache: KVCache, redo: torch.Tensor, ids: torch.Tensor, positions: torch.Tensor,
+                        mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """"recompute": put the cached tokens of `redo` rows in front of the new ones and clear those rows."""
+        lengths = cache.lengths.masked_fill(~redo, 0)  # [b]
+        slot = torch.arange(cache.capacity, device=ids.device)[None, :]  # [1, cap]
+        used = slot < lengths[:, None]  # [b, cap]
+        if bool((cache.tokens[used] < 0).any()):
+            fail("cache", "token ids in every cached slot (policy 'recompute' re-runs them; write through the "
+                 "model or use policy 'rerotate')", "slots without token ids")
+        c = int(lengths.max())
+        pad = c - lengths[:, None]  # [b, 1]: left padding in front of each row's re-run tokens
+        col = torch.arange(c, device=ids.device)[None, :]  # [1, c]
+        src = (col - pad).clamp(min=0)  # [b, c] slot read by each prepended column
+        keep = col >= pad  # [b, c]
+        old_ids = cache.tokens.gather(1, src).masked_fill(~keep, 0)
+        old_pos = cache.positions.gather(1, src).masked_fill(~keep, 0)
+        cache.clear(redo)
+        return torch.cat((old_ids, ids), 1), torch.cat((old_pos, positions), 1), torch.cat((keep, mask), 1)
+
+    # ---------------------------------------------------------------- checks
+    def _check_inputs(self, input_ids: Any, attention_mask: Any, cache: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        if not isinstance(input_ids, torch.Tensor) or input_ids.dtype.is_floating_point \
+                or input_ids.dtype == torch.bool or input_ids.ndim != 2 or input_ids.shape[1] == 0:
+            fail("input_ids", "an integer tensor of shape [b, t] with t >= 1", input_ids)
+        if input_ids.numel() and (int(input_ids.min()) < 0 or int(input_ids.max()) >= self.vocab_size):
+            fail("input_ids", f"token ids in [0, vocab_size={self.vocab_size})",
+                 f"ids in [{int(input_ids.min())}, {int(input_ids.max())}]")
+        b, t = input_ids.shape
+        if attention_mask is None:
+            return input_ids.long(), torch.ones(b, t, dtype=torch.bool, device=input_ids.device)
+        if not isinstance(attention_mask, torch.Tensor) or attention_mask.ndim != 2 or attention_mask.shape[0] != b \
+                or attention_mask.shape[1] < t or attention_mask.dtype.is_floating_point \
+                or not bool(((attention_mask == 0) | (attention_mask == 1)).all()):
+            fail("attention_mask", f"a 0/1 tensor of shape [{b}, {t}] or [{b}, cached + {t}]", attention_mask)
+        mask = attention_mask.bool()
+        if mask.shape[1] > t:
+            past = mask[:, :-t].sum(dim=1)  # [b]
+            held = cache.lengths if isinstance(cache, KVCache) else torch.zeros_like(past)
+            if not torch.equal(past.cpu(), held.cpu()):
+                fail("attention_mask", f"past columns counting each row's cached tokens {held.tolist()} "
+                     f"(or pass only the last {t} columns)", past.tolist())
+        return input_ids.long(), mask[:, -t:]
+
+    def _check_positions(self, position_ids: Any, b: int, t: int) -> torch.Tensor:
+        if not isinstance(position_ids, torch.Tensor) or position_ids.dtype.is_floating_point \
+                or position_ids.dtype == torch.bool or position_ids.ndim not in (1, 2) \
+                or position_ids.shape[-1] != t or (position_ids.ndim == 2 and position_ids.shape[0] not in (1, b)):
+            fail("position_ids", f"an integer tensor of shape [{t}] or [{b}, {t}]", position_ids)
+        return position_ids.long().reshape(-1, t).expand(b, t).clone()  # [b, t]
