@@ -22,9 +22,9 @@ from typing import Literal
 
 import torch
 
-from ..errors import check_float_tensor, fail
+from ..errors import Raw, check_float_tensor, fail
 
-__all__ = ["apply_rope", "PAIRINGS", "LAYOUTS"]
+__all__ = ["apply_rope", "check_table", "PAIRINGS", "LAYOUTS"]
 
 Pairing = Literal["split_half", "interleaved", "interleaved_to_split_half"]
 PAIRINGS = ("split_half", "interleaved", "interleaved_to_split_half")
@@ -54,6 +54,26 @@ def broadcast_table(table: torch.Tensor, x: torch.Tensor, layout: str) -> torch.
     return table
 
 
+def check_table(cos: torch.Tensor, sin: torch.Tensor, x: torch.Tensor, layout: str) -> None:
+    """Raise `PosencError` unless `cos`/`sin` are per-pair tables that fit `x` in `layout` without reshaping it."""
+    check_float_tensor("cos", cos)
+    check_float_tensor("sin", sin)
+    if cos.shape != sin.shape:
+        fail("sin", f"the shape of cos {tuple(cos.shape)}", sin)
+    batched = LAYOUTS[layout][2] is not None and LAYOUTS[layout][0] == 4  # only bhtd / bthd have a batch axis
+    if cos.ndim not in ((2, 3) if batched else (2,)):
+        fail("cos", "a per-pair table [t, r/2]" + (" or [b, t, r/2]" if batched else f" (layout {layout!r})"), cos)
+    if 2 * cos.shape[-1] > x.shape[-1]:
+        fail("cos", f"at most d/2 = {x.shape[-1] // 2} columns (one per rotation pair)", cos)
+    t = x.shape[LAYOUTS[layout][1]]
+    if cos.shape[-2] not in (1, t):
+        fail("cos", f"{t} rows (one per token of x) or 1", cos)
+    if cos.ndim == 3 and cos.shape[0] not in (1, x.shape[0]):
+        fail("cos", f"batch size 1 or {x.shape[0]} (as x)", cos)
+    if cos.device != x.device or sin.device != x.device:
+        fail("cos", f"tables on the device of x ({x.device})", Raw(f"cos on {cos.device}, sin on {sin.device}"))
+
+
 def apply_rope(
     x: torch.Tensor,
     cos: torch.Tensor,
@@ -74,23 +94,23 @@ def apply_rope(
     Returns:
         The rotated tensor, same shape and dtype as `x`; channels past r are returned unchanged.
     Raises:
-        PosencError: on a non-float `x`, an unknown layout or pairing, or tables that do not fit `x`.
+        PosencError: on a non-float `x`, an unknown layout or pairing, or tables that do not fit `x`
+            (wrong rank, width, token count, batch size or device).
+
+    Example (a 90-degree turn of the pair (x0, x2), split-half pairing, rotary width 4 of d = 6):
+        >>> import torch
+        >>> x = torch.tensor([[1.0, 0.0, 0.0, 0.0, 5.0, 6.0]])          # [t=1, d=6], layout "td"
+        >>> cos, sin = torch.tensor([[0.0, 1.0]]), torch.tensor([[1.0, 0.0]])   # [t=1, r/2=2]
+        >>> apply_rope(x, cos, sin, layout="td").tolist()
+        [[0.0, 0.0, 1.0, 0.0, 5.0, 6.0]]
     """
     pairing = resolve_pairing(interleaved, pairing)
     if layout not in LAYOUTS:
         fail("layout", f"one of {tuple(LAYOUTS)}", layout)
     check_float_tensor("x", x, ndim=(LAYOUTS[layout][0],))
-    check_float_tensor("cos", cos)
-    check_float_tensor("sin", sin)
-    if cos.shape != sin.shape:
-        fail("sin", f"the shape of cos {tuple(cos.shape)}", sin)
+    check_table(cos, sin, x, layout)
     half = cos.shape[-1]
     rotary = 2 * half
-    if rotary > x.shape[-1]:
-        fail("cos", f"at most d/2 = {x.shape[-1] // 2} columns (one per rotation pair)", cos)
-    token_axis = LAYOUTS[layout][1]
-    if cos.ndim >= 2 and cos.shape[-2] not in (1, x.shape[token_axis]):
-        fail("cos", f"{x.shape[token_axis]} rows (one per token of x)", cos)
     compute = torch.float64 if x.dtype == torch.float64 else torch.float32
     c = broadcast_table(cos, x, layout).to(compute)
     s = broadcast_table(sin, x, layout).to(compute)

@@ -18,6 +18,7 @@ transformers convention: `max(position_ids) + 1` (see `Rope.cos_sin`).
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import dataclass
 from typing import ClassVar, Union
 
@@ -47,7 +48,10 @@ def default_inv_freq(base: float, dim: int) -> torch.Tensor:
         dim: the rotary width (even).
     Returns:
         `[dim/2]` float32 inverse frequencies.
+    Raises:
+        PosencError: a base that is not a finite number > 0, or a width that is not a positive even integer.
     """
+    _check_head(base, dim)
     exponent = torch.arange(0, dim, 2, dtype=torch.int64).to(dtype=torch.float32) / dim  # [dim/2]
     return 1.0 / (base**exponent)
 
@@ -67,6 +71,7 @@ class Default:
     depends_on_length: ClassVar[bool] = False
 
     def inv_freq(self, base: float, dim: int, seq_len: int | None = None) -> tuple[torch.Tensor, float]:
+        """`([dim/2] float32 inverse frequencies, attention factor 1.0)`; `seq_len` is ignored."""
         return default_inv_freq(base, dim), 1.0
 
 
@@ -82,6 +87,7 @@ class Linear:
         check_positive("factor", self.factor)
 
     def inv_freq(self, base: float, dim: int, seq_len: int | None = None) -> tuple[torch.Tensor, float]:
+        """`([dim/2] float32, attention factor 1.0)`; `seq_len` is ignored."""
         inv = default_inv_freq(base, dim)
         inv /= self.factor
         return inv, 1.0
@@ -99,6 +105,7 @@ class NTKAware:
         check_positive("factor", self.factor)
 
     def inv_freq(self, base: float, dim: int, seq_len: int | None = None) -> tuple[torch.Tensor, float]:
+        _check_head(base, dim)
         if dim <= 2:
             fail("rotary_dim", "more than 2 channels for NTK-aware scaling", dim)
         return default_inv_freq(base * self.factor ** (dim / (dim - 2)), dim), 1.0
@@ -122,11 +129,22 @@ class DynamicNTK:
         _check_length("max_position_embeddings", self.max_positions)
 
     def base_at(self, base: float, dim: int, seq_len: int | None) -> float:
-        """The effective base at sequence length `seq_len` (None means `max_positions`)."""
-        length = self.max_positions if seq_len is None else max(int(seq_len), self.max_positions)
-        return base * ((self.factor * length / self.max_positions) - (self.factor - 1)) ** (dim / (dim - 2))
+        """The effective base at sequence length `seq_len` (None means `max_positions`).
+
+        Past `max_positions` the grown base is computed in float32 tensor arithmetic, as transformers'
+        forward computes it (its length `max(position_ids) + 1` is a tensor there), so the tables match
+        the model bit for bit; `ROPE_INIT_FUNCTIONS["dynamic"]` called with a Python int length computes
+        it in float64 instead and differs by a few float32 ulps (<= 2.5e-7 relative, measured).
+        """
+        length = self.max_positions if seq_len is None else max(_check_seq_len(seq_len), self.max_positions)
+        if length == self.max_positions:  # the unscaled base, exactly (transformers' init path)
+            return base * ((self.factor * length / self.max_positions) - (self.factor - 1)) ** (dim / (dim - 2))
+        grown = torch.tensor(length, dtype=torch.int64)  # float32 from here on, as in transformers' forward
+        grown = base * ((self.factor * grown / self.max_positions) - (self.factor - 1)) ** (dim / (dim - 2))
+        return float(grown)  # a float32 value, exactly representable
 
     def inv_freq(self, base: float, dim: int, seq_len: int | None = None) -> tuple[torch.Tensor, float]:
+        _check_head(base, dim)
         if dim <= 2:
             fail("rotary_dim", "more than 2 channels for dynamic NTK scaling", dim)
         return default_inv_freq(self.base_at(base, dim, seq_len), dim), 1.0
@@ -141,12 +159,13 @@ class YaRN:
     cos and sin are multiplied by `attention_factor` (default `0.1 ln(factor) + 1`, or the ratio
     `mscale(factor, mscale) / mscale(factor, mscale_all_dim)` when both are given).
     `truncate=False` keeps the fractional correction range (gpt-oss).
+    `beta_fast=None` / `beta_slow=None` mean transformers' defaults, 32 and 1.
     """
 
     factor: float
     original_max_positions: int
-    beta_fast: float = 32.0
-    beta_slow: float = 1.0
+    beta_fast: float | None = 32.0
+    beta_slow: float | None = 1.0
     mscale: float | None = None
     mscale_all_dim: float | None = None
     attention_factor: float | None = None
@@ -157,8 +176,10 @@ class YaRN:
     def __post_init__(self) -> None:
         check_positive("factor", self.factor)
         _check_length("original_max_position_embeddings", self.original_max_positions)
-        check_positive("beta_fast", self.beta_fast)
-        check_positive("beta_slow", self.beta_slow)
+        for arg, default in (("beta_fast", 32.0), ("beta_slow", 1.0)):
+            if getattr(self, arg) is None:  # transformers: `beta_fast or 32`, `beta_slow or 1`
+                object.__setattr__(self, arg, default)
+            check_positive(arg, getattr(self, arg))
         if self.beta_fast <= self.beta_slow:
             fail("beta_fast", f"a value greater than beta_slow={self.beta_slow}", self.beta_fast)
         for arg in ("mscale", "mscale_all_dim"):
@@ -166,6 +187,8 @@ class YaRN:
                 check_positive(arg, getattr(self, arg), allow_zero=True)
         if self.attention_factor is not None:
             check_positive("attention_factor", self.attention_factor)
+        if not isinstance(self.truncate, bool):
+            fail("truncate", "True or False", self.truncate)
 
     def effective_attention_factor(self) -> float:
         """The multiplier applied to cos and sin."""
@@ -195,6 +218,8 @@ class YaRN:
         return torch.clamp(linear, 0, 1)
 
     def inv_freq(self, base: float, dim: int, seq_len: int | None = None) -> tuple[torch.Tensor, float]:
+        """`([dim/2] float32, attention factor)`; `seq_len` is ignored (YaRN is static)."""
+        _check_head(base, dim)
         pos_freqs = base ** (torch.arange(0, dim, 2).to(dtype=torch.float32) / dim)  # [dim/2]
         extrapolation = 1.0 / pos_freqs
         interpolation = 1.0 / (self.factor * pos_freqs)
@@ -244,9 +269,12 @@ class LongRoPE:
         return math.sqrt(1 + math.log(factor) / math.log(original_max_positions))
 
     def uses_long(self, seq_len: int | None) -> bool:
-        return bool(seq_len) and int(seq_len) > self.original_max_positions  # type: ignore[arg-type]
+        """True iff `seq_len > original_max_positions` (strict; None means the short set, as at init)."""
+        return seq_len is not None and _check_seq_len(seq_len) > self.original_max_positions
 
     def inv_freq(self, base: float, dim: int, seq_len: int | None = None) -> tuple[torch.Tensor, float]:
+        """`([dim/2] float32, attention factor)` with the short or long divisors chosen by `seq_len`."""
+        _check_head(base, dim)
         if len(self.short_factor) != dim // 2:
             fail("short_factor", f"{dim // 2} values (rotary_dim / 2)", len(self.short_factor))
         factors = self.long_factor if self.uses_long(seq_len) else self.short_factor
@@ -276,6 +304,7 @@ class Llama3:
         _check_length("original_max_position_embeddings", self.original_max_positions)
 
     def inv_freq(self, base: float, dim: int, seq_len: int | None = None) -> tuple[torch.Tensor, float]:
+        """`([dim/2] float32, attention factor 1.0)`; `seq_len` is ignored."""
         inv = default_inv_freq(base, dim)
         low_wavelen = self.original_max_positions / self.low_freq_factor
         high_wavelen = self.original_max_positions / self.high_freq_factor
@@ -289,8 +318,23 @@ class Llama3:
         return torch.where(medium, smoothed, scaled), 1.0
 
 
+def _check_head(base: object, dim: object) -> None:
+    if isinstance(base, bool) or not isinstance(base, numbers.Real) or not math.isfinite(base) or base <= 0:
+        fail("base", "a finite number > 0 (rope_theta)", base)
+    if isinstance(dim, bool) or not isinstance(dim, numbers.Integral) or dim <= 0 or dim % 2:
+        fail("rotary_dim", "a positive even number of channels (rotation pairs)", dim)
+
+
+def _check_seq_len(seq_len: object) -> int:
+    if isinstance(seq_len, torch.Tensor) and seq_len.numel() == 1 and not seq_len.dtype.is_floating_point:
+        seq_len = int(seq_len)  # transformers passes `max(position_ids) + 1` as a tensor
+    if isinstance(seq_len, bool) or not isinstance(seq_len, numbers.Integral) or seq_len < 0:
+        fail("seq_len", "a non-negative integer (or None)", seq_len)
+    return int(seq_len)
+
+
 def _check_length(arg: str, value: object) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value <= 0:
         fail(arg, "a positive integer number of positions", value)
 
 

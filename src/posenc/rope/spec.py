@@ -11,12 +11,13 @@
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
-from ..errors import check_float_tensor, check_int_positions, fail
+from ..errors import check_float_tensor, check_int_positions, check_positive, fail
 from . import tables
 from .apply import LAYOUTS, PAIRINGS, apply_rope
 from .mrope import gather_axes, mrope_axis_map
@@ -54,15 +55,16 @@ class Rope:
     softmax_scale_factor: float = 1.0
 
     def __post_init__(self) -> None:
-        if isinstance(self.head_dim, bool) or not isinstance(self.head_dim, int) or self.head_dim <= 0:
+        if isinstance(self.head_dim, bool) or not isinstance(self.head_dim, numbers.Integral) or self.head_dim <= 0:
             fail("head_dim", "a positive integer", self.head_dim)
         rotary = self.head_dim if self.rotary_dim is None else self.rotary_dim
-        if isinstance(rotary, bool) or not isinstance(rotary, int) or not 0 < rotary <= self.head_dim:
+        if isinstance(rotary, bool) or not isinstance(rotary, numbers.Integral) or not 0 < rotary <= self.head_dim:
             fail("rotary_dim", f"an integer in [2, head_dim={self.head_dim}]", rotary)
         if rotary % 2:
             fail("rotary_dim", "an even number of channels (rotation pairs)", rotary)
-        object.__setattr__(self, "rotary_dim", rotary)
-        if isinstance(self.base, bool) or not isinstance(self.base, (int, float)) or not math.isfinite(self.base):
+        object.__setattr__(self, "head_dim", int(self.head_dim))
+        object.__setattr__(self, "rotary_dim", int(rotary))
+        if isinstance(self.base, bool) or not isinstance(self.base, numbers.Real) or not math.isfinite(self.base):
             fail("base", "a finite number > 0 (rope_theta)", self.base)
         if self.base <= 0 or self.base == 1:
             fail("base", "a finite number > 0 and != 1 (rope_theta)", self.base)
@@ -77,8 +79,9 @@ class Rope:
             if sum(section) != rotary // 2:
                 fail("mrope_section", f"sections summing to rotary_dim / 2 = {rotary // 2}", list(section))
             object.__setattr__(self, "mrope_section", section)
-        if not math.isfinite(self.softmax_scale_factor) or self.softmax_scale_factor <= 0:
-            fail("softmax_scale_factor", "a finite number > 0", self.softmax_scale_factor)
+        object.__setattr__(self, "softmax_scale_factor", check_positive("softmax_scale_factor", self.softmax_scale_factor))
+        if not isinstance(self.mrope_interleaved, bool):
+            fail("mrope_interleaved", "True or False", self.mrope_interleaved)
         # Fail at construction, not at first use, if the scaling cannot serve this width.
         self.scaling.inv_freq(self.base, rotary, None)
 
@@ -115,9 +118,9 @@ class Rope:
     def seq_len_for(self, position_ids: torch.Tensor, seq_len: int | None = None) -> int | None:
         """The length a length-dependent scaling sees: `seq_len` if given, else `max(position_ids) + 1`."""
         if seq_len is not None:
-            if isinstance(seq_len, bool) or not isinstance(seq_len, int) or seq_len < 0:
+            if isinstance(seq_len, bool) or not isinstance(seq_len, numbers.Integral) or seq_len < 0:
                 fail("seq_len", "a non-negative integer", seq_len)
-            return seq_len
+            return int(seq_len)
         if not self.scaling.depends_on_length or position_ids.numel() == 0:
             return None
         return int(position_ids.max()) + 1
@@ -222,7 +225,7 @@ class Rope:
 
     def _check_positions(self, position_ids: torch.Tensor, x: torch.Tensor, layout: str, arg: str) -> None:
         if not isinstance(position_ids, torch.Tensor):
-            fail("position_ids", "an integer torch.Tensor", type(position_ids).__name__)
+            fail("position_ids", "an integer torch.Tensor", type(position_ids))
         t = x.shape[LAYOUTS[layout][1]]
         if position_ids.ndim == 0 or position_ids.shape[-1] != t:
             fail("position_ids", f"last dim = {t} tokens (as {arg})", position_ids)
