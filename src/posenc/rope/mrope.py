@@ -1,7 +1,9 @@
 """Multi-axis RoPE (Qwen2-VL family): which position axis drives each frequency.
 
-A multimodal token has three positions (temporal, height, width): `position_ids [3, b, t]`. Each of the
-r/2 frequencies is driven by one axis:
+A multimodal token has three positions (temporal, height, width): `position_ids [3, b, t]`
+(built by `posenc.rope.mrope_positions`).
+
+Frequencies (the r/2 rotation pairs), each driven by one axis:
 - sectioned (Qwen2-VL, Qwen2.5-VL): `mrope_section = (s_t, s_h, s_w)` contiguous blocks of frequencies,
   block k driven by axis k % 3;
 - interleaved (Qwen3-VL): frequency j is driven by H if j % 3 == 1 and j < 3 s_h, by W if j % 3 == 2 and
@@ -17,11 +19,14 @@ For text, all three rows are equal and the result is exactly 1-D RoPE.
 
 from __future__ import annotations
 
+from typing import Sequence
+
 import torch
 
 from ..errors import fail
+from . import tables
 
-__all__ = ["mrope_axis_map", "gather_axes"]
+__all__ = ["mrope_axis_map", "gather_axes", "mrope_cos_sin"]
 
 
 def mrope_axis_map(sections: tuple[int, ...], interleaved: bool = False) -> torch.Tensor:
@@ -56,3 +61,44 @@ def gather_axes(theta: torch.Tensor, axis_map: torch.Tensor) -> torch.Tensor:
     """
     index = axis_map.to(theta.device).expand(theta.shape[1:]).unsqueeze(0)  # [1, ..., r/2]
     return torch.gather(theta, 0, index).squeeze(0)
+
+
+def mrope_cos_sin(
+    position_ids: torch.Tensor,
+    inv_freq: torch.Tensor,
+    sections: Sequence[int],
+    *,
+    interleaved: bool = False,
+    attention_factor: float = 1.0,
+    precision: str = "float32",
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-pair cos/sin tables for multi-axis positions, to rotate with `posenc.apply_rope`.
+
+    Args:
+        position_ids: `[3, b, t]` or `[3, t]` integer (temporal, height, width) positions.
+        inv_freq: `[r/2]` float32 inverse frequencies.
+        sections: frequencies per axis, summing to r/2 (Qwen2-VL: (16, 24, 24); Qwen3-VL: (24, 20, 20)).
+        interleaved: Qwen3-VL's interleaved assignment instead of contiguous sections.
+        attention_factor: multiplier on cos and sin.
+        precision: "float32" or "exact" (see `posenc.rope.tables`).
+    Returns:
+        `(cos, sin)`, float32, `[b, t, r/2]` or `[t, r/2]`.
+    Raises:
+        PosencError: positions not `[3, ...]` integers, or sections that do not sum to r/2.
+
+        >>> cos, sin = mrope_cos_sin(torch.zeros(3, 1, 5, dtype=torch.long), torch.ones(4), (2, 1, 1))
+        >>> cos.shape, float(cos.min()), float(sin.abs().max())
+        (torch.Size([1, 5, 4]), 1.0, 0.0)
+    """
+    if not isinstance(position_ids, torch.Tensor) or position_ids.ndim not in (2, 3) or position_ids.shape[0] != 3:
+        fail("position_ids", "an integer tensor of shape [3, b, t] or [3, t]", position_ids)
+    if position_ids.dtype.is_floating_point or position_ids.dtype in (torch.bool, torch.complex64, torch.complex128):
+        fail("position_ids", "an integer dtype", position_ids)
+    sections = tuple(sections)
+    axis_map = mrope_axis_map(sections, interleaved)  # [r/2]
+    if inv_freq.ndim != 1 or axis_map.numel() != inv_freq.numel():
+        fail("sections", f"sections summing to r/2 = {inv_freq.shape[-1]} (one per inverse frequency)", list(sections))
+    if precision not in tables.PRECISIONS:
+        fail("precision", f"one of {tables.PRECISIONS}", precision)
+    theta = tables.angles(position_ids, inv_freq, precision)  # [3, ..., r/2]
+    return tables.cos_sin_from_angles(gather_axes(theta, axis_map), attention_factor)  # [..., r/2]

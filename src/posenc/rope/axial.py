@@ -1,0 +1,99 @@
+"""Axial RoPE for vision patches (Qwen2-VL / Qwen2.5-VL vision encoders): each patch rotates by its
+row and its column.
+
+With `a` position axes (2 for (h, w)), each axis gets `head_dim / (2a)` rotation pairs with the
+frequencies of an ordinary RoPE of width `head_dim / a`; the per-pair angle table is the axes'
+angles side by side, `[h-angles | w-angles]`, and the rotation is the usual split-half one over the
+whole head, so `posenc.apply_rope` applies it (no separate kernel).
+
+The patch order is the vision encoder's: for each image or video (T, H, W) in `grid_thw`, the
+patches of each m x m merge window are contiguous (window by window, row-major; row-major inside a
+window), and the H x W layout repeats for each of the T frames.
+
+    >>> import torch, posenc
+    >>> pos = vision_patch_positions(torch.tensor([[1, 2, 4]]), spatial_merge_size=2)
+    >>> pos.T.tolist()
+    [[0, 0, 1, 1, 0, 0, 1, 1], [0, 1, 0, 1, 2, 3, 2, 3]]
+    >>> cos, sin = axial_cos_sin(pos, head_dim=16)                   # [8 patches, 8 pairs]
+    >>> x = torch.randn(8, 3, 16)                                   # [patches, heads, head_dim]
+    >>> posenc.apply_rope(x, cos, sin, layout="thd").shape
+    torch.Size([8, 3, 16])
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from ..errors import fail
+from . import tables
+from .scaling import default_inv_freq
+
+__all__ = ["vision_patch_positions", "axial_cos_sin"]
+
+
+def vision_patch_positions(grid_thw: Any, spatial_merge_size: int = 2) -> torch.Tensor:
+    """Per-patch (row, column) positions of the vision encoder's input, in its merge-window order.
+
+    Args:
+        grid_thw: `[n, 3]` integer (T, H, W) patches per image or video (the processor's `image_grid_thw`).
+        spatial_merge_size: m, the side of the merge window; H and W must be multiples of m.
+    Returns:
+        `[sum(T * H * W), 2]` int64 (row, column) positions.
+    Raises:
+        PosencError: a grid that is not `[n, 3]` positive integers, H or W not a multiple of m.
+    """
+    if isinstance(spatial_merge_size, bool) or not isinstance(spatial_merge_size, int) or spatial_merge_size < 1:
+        fail("spatial_merge_size", "an integer >= 1", spatial_merge_size)
+    m = spatial_merge_size
+    if isinstance(grid_thw, torch.Tensor):
+        if grid_thw.dtype.is_floating_point or grid_thw.dtype == torch.bool or grid_thw.ndim != 2:
+            fail("grid_thw", "an integer tensor of shape [n, 3]", grid_thw)
+        grid_thw = grid_thw.tolist()
+    if not isinstance(grid_thw, (list, tuple)) or any(not isinstance(g, (list, tuple)) or len(g) != 3 for g in grid_thw):
+        fail("grid_thw", "an integer tensor or list of shape [n, 3] (T, H, W per row)", grid_thw)
+    parts = [torch.zeros(0, 2, dtype=torch.int64)]
+    for k, (t, h, w) in enumerate(grid_thw):
+        if any(isinstance(v, bool) or not isinstance(v, int) or v < 1 for v in (t, h, w)):
+            fail(f"grid_thw[{k}]", "positive integers (T, H, W)", [t, h, w])
+        if h % m or w % m:
+            fail(f"grid_thw[{k}]", f"H and W multiples of spatial_merge_size={m}", [t, h, w])
+        rows = torch.arange(h).view(h // m, m, 1, 1).expand(h // m, m, w // m, m)  # [H/m, m, W/m, m]
+        cols = torch.arange(w).view(1, 1, w // m, m).expand(h // m, m, w // m, m)
+        window_major = (0, 2, 1, 3)  # [H/m, W/m, m, m]: window by window, then inside the window
+        frame = torch.stack((rows.permute(window_major).flatten(), cols.permute(window_major).flatten()), dim=-1)
+        parts.append(frame.repeat(t, 1))  # [T*H*W, 2]
+    return torch.cat(parts)
+
+
+def axial_cos_sin(
+    positions: torch.Tensor, head_dim: int, base: float = 10000.0, precision: str = "float32"
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-pair cos/sin tables of axial RoPE, `[axis 0 angles | axis 1 angles | ...]`.
+
+    Args:
+        positions: `[..., a]` integer positions, one column per axis (`[n, 2]` (row, column) for patches).
+        head_dim: channels per head; a multiple of 2a. Each axis gets head_dim/(2a) pairs with the
+            inverse frequencies of a RoPE of width head_dim/a (Qwen2-VL: `theta ** (-2i / (head_dim/2))`).
+        base: theta (10000 in Qwen2-VL's vision encoder).
+        precision: "float32" (as the checkpoints compute) or "exact" (see `posenc.rope.tables`).
+    Returns:
+        `(cos, sin)`, float32, `[..., head_dim/2]`, for `apply_rope(x, cos, sin)` over the whole head.
+    Raises:
+        PosencError: non-integer or negative positions, a head_dim that the axes do not divide.
+    """
+    if not isinstance(positions, torch.Tensor) or positions.ndim == 0:
+        fail("positions", "an integer tensor [..., a] with one column per axis", positions)
+    if positions.dtype.is_floating_point or positions.dtype == torch.bool or positions.dtype.is_complex:
+        fail("positions", "an integer dtype", positions)
+    if positions.numel() and bool((positions < 0).any()):
+        fail("positions", "positions >= 0", f"min {int(positions.min())}")
+    axes = positions.shape[-1]
+    if isinstance(head_dim, bool) or not isinstance(head_dim, int) or axes == 0 or head_dim <= 0 or head_dim % (2 * axes):
+        fail("head_dim", f"a positive multiple of 2 * {axes} axes", head_dim)
+    if precision not in tables.PRECISIONS:
+        fail("precision", f"one of {tables.PRECISIONS}", precision)
+    inv_freq = default_inv_freq(base, head_dim // axes)  # [head_dim / (2a)]
+    theta = tables.angles(positions, inv_freq, precision)  # [..., a, head_dim / (2a)]
+    return tables.cos_sin_from_angles(theta.flatten(-2))  # [..., head_dim/2]
