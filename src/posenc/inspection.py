@@ -20,13 +20,13 @@ from __future__ import annotations
 import json
 import math
 import re
-from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 from typing import Any
 
 from .errors import PosencError, check_positive, fail
-from .hf import NON_ROPE_MODEL_TYPES, config_to_dict
+from . import hf
+from .hf import KVFacts, config_to_dict, kv_cache_facts, max_positions
 from .rope import scaling as sc
 from .rope.spec import Rope
 
@@ -35,7 +35,6 @@ __all__ = ["load_config", "preset_names", "parse_lengths", "kv_cache_facts", "kv
 
 DTYPE_BYTES = {"fp32": 4.0, "fp16": 2.0, "bf16": 2.0, "fp8": 1.0, "int4": 0.5}  # int4: without quantisation scales
 GIB = 2**30
-_ENCODER_ONLY = {"bert", "roberta", "distilbert", "electra", "deberta", "deberta-v2"}
 
 
 # ---------------------------------------------------------------------------------------------- loading
@@ -99,116 +98,7 @@ def length_label(tokens: int) -> str:
     return f"{tokens // 1024}k" if tokens % 1024 == 0 else str(tokens)
 
 
-# ---------------------------------------------------------------------------------------------- config facts
-# These read transformers' config keys; they belong with hf.py's knowledge and may move there.
-def _text_config(cfg: dict[str, Any]) -> dict[str, Any]:
-    text = cfg.get("text_config")
-    if isinstance(text, dict):
-        return {**cfg, **text, "model_type": cfg.get("model_type", text.get("model_type"))}
-    return cfg
-
-
-def _first(cfg: dict[str, Any], *keys: str) -> Any:
-    for key in keys:
-        if cfg.get(key) is not None:
-            return cfg[key]
-    return None
-
-
-def _positive_int(cfg: dict[str, Any], *keys: str) -> int:
-    value = _first(cfg, *keys)
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0 or int(value) != value:
-        fail(f"config['{keys[0]}']", "a positive integer", "nothing (key missing)" if value is None else value)
-    return int(value)
-
-
-def max_positions(cfg: dict[str, Any]) -> int | None:
-    """The longest sequence the config declares (max_position_embeddings or its older names), or None."""
-    value = _first(_text_config(cfg), "max_position_embeddings", "n_positions", "max_seq_len", "seq_length", "n_ctx")
-    return int(value) if isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0 else None
-
-
-@dataclass(frozen=True)
-class KVFacts:
-    """What one token costs in the KV cache: `elements` numbers per token per layer, and each layer's window."""
-
-    kind: str  # "mha", "gqa", "mqa", "mla" or "none"
-    layers: int
-    kv_heads: int
-    head_dim: int
-    elements: int  # cached numbers per token per layer (K and V together)
-    windows: tuple[int | None, ...]  # per layer: sliding-window size, None = keeps every token
-    notes: tuple[str, ...]
-
-
-def _layer_windows(cfg: dict[str, Any], layers: int) -> tuple[int | None, ...]:
-    window = cfg.get("sliding_window")
-    if not window or cfg.get("use_sliding_window") is False:
-        return (None,) * layers
-    types = cfg.get("layer_types")
-    if isinstance(types, list) and len(types) == layers:
-        return tuple(window if t == "sliding_attention" else None for t in types)
-    model_type = cfg.get("model_type")
-    if model_type == "gemma2":  # even layers slide
-        return tuple(None if i % 2 else window for i in range(layers))
-    if model_type in ("gemma3", "gemma3_text"):  # every `pattern`-th layer is global
-        pattern = cfg.get("sliding_window_pattern", 6)
-        return tuple(None if (i + 1) % pattern == 0 else window for i in range(layers))
-    return (window,) * layers
-
-
-def kv_cache_facts(config: Any) -> KVFacts:
-    """How many numbers each token adds to the KV cache of each layer, and each layer's window.
-
-    Args:
-        config: a config.json dict or a transformers `PretrainedConfig`.
-    Returns:
-        `KVFacts`; MLA models (DeepSeek-V2/V3) cache the compressed latent `kv_lora_rank + qk_rope_head_dim`.
-    Raises:
-        PosencError: missing layer, head or width keys.
-    """
-    cfg = _text_config(config_to_dict(config))
-    model_type = cfg.get("model_type")
-    if model_type in _ENCODER_ONLY:
-        return KVFacts("none", 0, 0, 0, 0, (), (f"{model_type} is encoder-only: it keeps no KV cache",))
-    decoder = "num_decoder_layers" if model_type in ("t5", "mt5") else "num_hidden_layers"
-    layers = _positive_int(cfg, decoder, "num_hidden_layers", "n_layer", "n_layers", "num_layers")
-    heads = _positive_int(cfg, "num_attention_heads", "n_head", "n_heads", "num_heads")
-    windows = _layer_windows(cfg, layers)
-    notes = []
-    if any(w is not None for w in windows):
-        slid = sum(w is not None for w in windows)
-        notes.append(f"{slid} of {layers} layers use a sliding window of {max(w or 0 for w in windows)} tokens;"
-                     " their cache is assumed to keep only the last window (a rolling cache)")
-    if cfg.get("kv_lora_rank") and cfg.get("qk_rope_head_dim"):
-        latent, rope = int(cfg["kv_lora_rank"]), int(cfg["qk_rope_head_dim"])
-        full = heads * (int(cfg.get("qk_nope_head_dim", 0)) + rope + int(cfg.get("v_head_dim", 0)))
-        notes.append(f"MLA: caches the compressed latent ({latent}) + the shared rotary key ({rope}) per token and layer,"
-                     f" as DeepSeek's own inference code does; a cache of decompressed K and V (transformers'"
-                     f" eager DynamicCache) holds {full} numbers per token and layer, {full / (latent + rope):.1f}x more")
-        return KVFacts("mla", layers, 1, latent + rope, latent + rope, windows, tuple(notes))
-    hidden = _first(cfg, "hidden_size", "n_embd", "d_model")
-    head_dim = _first(cfg, "head_dim", "d_kv")
-    if head_dim is None:
-        if not isinstance(hidden, int) or hidden % heads:
-            fail("config['hidden_size']", f"a multiple of the {heads} attention heads", hidden)
-        head_dim = hidden // heads
-    kv_heads = _first(cfg, "num_key_value_heads", "num_kv_heads", "n_head_kv")
-    attn = cfg.get("attn_config") if isinstance(cfg.get("attn_config"), dict) else {}
-    if model_type == "falcon" and not cfg.get("new_decoder_architecture"):
-        kv_heads = 1 if cfg.get("multi_query", True) else heads
-    elif attn.get("attn_type") == "multiquery_attention":
-        kv_heads = 1
-    elif attn.get("kv_n_heads"):
-        kv_heads = attn["kv_n_heads"]
-    kv_heads = heads if kv_heads is None else int(kv_heads)
-    kind = "mha" if kv_heads == heads else ("mqa" if kv_heads == 1 else "gqa")
-    if model_type in ("t5", "mt5"):
-        notes.append("encoder-decoder: decoder self-attention cache only; the cross-attention cache adds the same per"
-                     " encoder token")
-    return KVFacts(kind, layers, kv_heads, int(head_dim), 2 * kv_heads * int(head_dim), windows, tuple(notes))
-
-
+# ---------------------------------------------------------------------------------------------- memory
 def kv_bytes(facts: KVFacts, tokens: int, dtype: str) -> float:
     """KV-cache bytes for one request of `tokens` tokens in `dtype` ("fp16", "bf16", "fp8", "int4", "fp32")."""
     if dtype not in DTYPE_BYTES:
@@ -236,10 +126,11 @@ def target_lengths(rope: Rope, cfg: dict[str, Any]) -> tuple[int, int]:
     declared = max_positions(cfg)
     scaling = rope.scaling
     original = getattr(scaling, "original_max_positions", None) or getattr(scaling, "max_positions", None)
-    original = original or _first(_text_config(cfg), "original_max_position_embeddings") or declared
+    stated = hf.original_max_positions(cfg)
+    original = original or stated or declared
     if original is None:
         fail("config['max_position_embeddings']", "a positive integer (the trained length)", "nothing (key missing)")
-    if isinstance(scaling, sc.Linear) and original == declared and not _first(_text_config(cfg), "original_max_position_embeddings"):
+    if isinstance(scaling, sc.Linear) and original == declared and not stated:
         original = int(declared / scaling.factor)  # PI: positions up to L1 land where L1 / factor did in training
     target = declared
     if isinstance(scaling, sc.DynamicNTK) or target is None:
@@ -299,7 +190,7 @@ def rope_facts(rope: Rope, original: int, target: int) -> dict[str, Any]:
 
 def _ropes(cfg: dict[str, Any]) -> list[tuple[str, Rope]]:
     """`[(layers it applies to, Rope)]`: one entry, or one per layer type when they differ (Gemma 3)."""
-    types = _text_config(cfg).get("layer_types")
+    types = hf.layer_types(cfg)
     try:
         single = Rope.from_hf_config(cfg)
     except PosencError as e:
@@ -315,17 +206,6 @@ def _ropes(cfg: dict[str, Any]) -> list[tuple[str, Rope]]:
     if single is None:
         single = Rope.from_hf_config(cfg, layer_type=types[0])
     return [("all layers", single)]
-
-
-def _scheme(cfg: dict[str, Any]) -> str:
-    model_type = cfg.get("model_type")
-    attn = cfg.get("attn_config") if isinstance(cfg.get("attn_config"), dict) else {}
-    if (model_type == "falcon" and cfg.get("alibi")) or attn.get("alibi"):
-        return "alibi"
-    if model_type in NON_ROPE_MODEL_TYPES:
-        text = NON_ROPE_MODEL_TYPES[model_type]
-        return "alibi" if text.startswith("ALiBi") else ("t5" if text.startswith("T5") else "learned_absolute")
-    return "rope"
 
 
 def inspect_model(
@@ -357,8 +237,8 @@ def inspect_model(
     for dtype in dtypes:
         if dtype not in DTYPE_BYTES:
             fail("--dtypes", f"names from {tuple(DTYPE_BYTES)}", dtype)
-    text = _text_config(cfg)
-    scheme = _scheme(text)
+    text = hf.text_config(cfg)
+    scheme = hf.position_scheme(text)
     report: dict[str, Any] = {"model": cfg.get("_name_or_path") or source, "source": source,
                               "model_type": cfg.get("model_type"), "scheme": scheme, "rope": [], "scheme_facts": {}}
     l0 = l1 = max_positions(cfg)
@@ -385,18 +265,17 @@ def inspect_model(
 
 
 def _other_scheme_facts(scheme: str, cfg: dict[str, Any]) -> dict[str, Any]:
-    heads = _first(cfg, "num_attention_heads", "n_head", "n_heads", "num_heads")
+    facts = hf.scheme_facts(cfg)
     if scheme == "alibi":
-        return {"heads": heads, "summary": "ALiBi: no rotation; each head adds -slope * distance to its scores"
-                " (slopes 2^(-8i/n) over the heads, see posenc.alibi_slopes)"}
-    if scheme == "t5":
-        buckets = cfg.get("relative_attention_num_buckets", 32)
-        distance = cfg.get("relative_attention_max_distance", 128)
-        return {"heads": heads, "num_buckets": buckets, "max_distance": distance,
-                "summary": f"T5 relative bias: {buckets} buckets (half per direction in the encoder), exact below"
-                f" {buckets // 4} (encoder) / {buckets // 2} (decoder), log-spaced up to {distance}, one learned"
-                " scalar per bucket and head (see posenc.t5_relative_position_bucket)"}
-    table = max_positions(cfg)
-    return {"heads": heads, "table_rows": table,
-            "summary": f"learned absolute positions: a table of {table} rows added to the token embeddings;"
-            f" positions >= {table} have no embedding"}
+        facts["summary"] = ("ALiBi: no rotation; each head adds -slope * distance to its scores"
+                            " (slopes 2^(-8i/n) over the heads, see posenc.alibi_slopes)")
+    elif scheme == "t5":
+        buckets, distance = facts["num_buckets"], facts["max_distance"]
+        facts["summary"] = (f"T5 relative bias: {buckets} buckets (half per direction in the encoder), exact below"
+                            f" {buckets // 4} (encoder) / {buckets // 2} (decoder), log-spaced up to {distance}, one"
+                            " learned scalar per bucket and head (see posenc.t5_relative_position_bucket)")
+    else:
+        table = facts["table_rows"]
+        facts["summary"] = (f"learned absolute positions: a table of {table} rows added to the token embeddings;"
+                            f" positions >= {table} have no embedding")
+    return facts

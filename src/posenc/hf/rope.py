@@ -17,11 +17,11 @@ import math
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from .errors import PosencError, check_positive, fail
-from .rope import scaling as sc
-from .rope.spec import Rope
+from ..errors import PosencError, Raw, check_positive, fail
+from ..rope import scaling as sc
+from ..rope.spec import Rope
 
-__all__ = ["rope_from_hf_config", "config_to_dict", "MODEL_TYPES", "ROPE_TYPES", "NON_ROPE_MODEL_TYPES"]
+__all__ = ["rope_from_hf_config", "config_to_dict", "text_config", "MODEL_TYPES", "ROPE_TYPES", "NON_ROPE_MODEL_TYPES"]
 
 
 @dataclass(frozen=True)
@@ -111,14 +111,7 @@ _ALIASES = {"mrope": "default", "su": "longrope"}
 _LAYER_TYPES = ("full_attention", "sliding_attention")
 
 
-class _Said(str):
-    """Text shown as is after "got" (fail() shows values with repr)."""
-
-    def __repr__(self) -> str:
-        return str(self)
-
-
-_MISSING = _Said("nothing (key missing)")
+_MISSING = Raw("nothing (key missing)")
 
 
 def config_to_dict(config: Any) -> dict[str, Any]:
@@ -135,7 +128,7 @@ def config_to_dict(config: Any) -> dict[str, Any]:
     return out
 
 
-def _text_part(cfg: dict[str, Any]) -> dict[str, Any]:
+def text_config(cfg: dict[str, Any]) -> dict[str, Any]:
     """Vision-language configs keep the language model's facts in `text_config`."""
     text = cfg.get("text_config")
     if not (isinstance(text, Mapping) or hasattr(text, "to_dict")):
@@ -261,7 +254,7 @@ def _rotary_dim(cfg: Mapping[str, Any], params: Mapping[str, Any], rope_type: st
         fail(where, f"1.0 for {model_type} with rope_type {rope_type!r} (the model rotates the whole head, "
              f"so transformers would fail on a shorter table)", factor)
     if rotary % 2 or rotary == 0:
-        fail(where, f"a fraction giving an even, non-zero rotary width of head_dim={head_dim}", _Said(f"{factor} -> {rotary}"))
+        fail(where, f"a fraction giving an even, non-zero rotary width of head_dim={head_dim}", Raw(f"{factor} -> {rotary}"))
     return rotary
 
 
@@ -393,11 +386,11 @@ def rope_from_hf_config(config: Any, *, layer_type: str | None = None) -> Rope:
         >>> rope_from_hf_config(cfg, layer_type="full_attention").scaling
         Linear(factor=8.0)
     """
-    cfg = _text_part(config_to_dict(config))
+    cfg = text_config(config_to_dict(config))
     model_type = cfg.get("model_type")
     if model_type in NON_ROPE_MODEL_TYPES:
         fail("config['model_type']", "a model that uses RoPE",
-             _Said(f"{model_type!r}, which uses {NON_ROPE_MODEL_TYPES[model_type]}"))
+             Raw(f"{model_type!r}, which uses {NON_ROPE_MODEL_TYPES[model_type]}"))
     if model_type not in MODEL_TYPES:
         got = _MISSING if model_type is None else model_type
         fail("config['model_type']", f"one of the known RoPE model types {sorted(MODEL_TYPES)}", got)

@@ -27,7 +27,6 @@ batch-mates. When a row grows into a different table, the cache's policy decides
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import torch
@@ -115,33 +114,17 @@ class Decoder(nn.Module):
         Raises:
             PosencError: missing or invalid sizes, unsupported activations or sliding windows, bad RoPE settings.
         """
-        from ..hf import config_to_dict
+        from ..hf import config_to_dict, decoder_sizes
 
         cfg = config_to_dict(config)
         cfg.setdefault("model_type", "llama")
-        if cfg.get("hidden_act", "silu") != "silu":
-            fail("config['hidden_act']", "'silu' (SwiGLU MLP)", cfg.get("hidden_act"))
-        if cfg.get("sliding_window") is not None and cfg.get("use_sliding_window", True):
-            fail("config['sliding_window']", "None (this decoder has no sliding-window layers)", cfg["sliding_window"])
-        heads = _size(cfg, "num_attention_heads")
-        sizes = dict(vocab_size=_size(cfg, "vocab_size"), hidden_size=_size(cfg, "hidden_size"),
-                     num_layers=_size(cfg, "num_hidden_layers"), num_heads=heads,
-                     intermediate_size=_size(cfg, "intermediate_size"),
-                     num_kv_heads=_size(cfg, "num_key_value_heads", heads),
-                     head_dim=_size(cfg, "head_dim") if cfg.get("head_dim") else None)
+        sizes = decoder_sizes(cfg)
         if encoding is None:
             encoding = Rope.from_hf_config(cfg)
-        eps = cfg.get("rms_norm_eps", 1e-6)
-        if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not 0 <= eps < 1:
-            fail("config['rms_norm_eps']", "a number in [0, 1)", eps)
-        flags = {key: cfg.get(key, False) for key in ("tie_word_embeddings", "attention_bias", "mlp_bias")}
-        for key, value in flags.items():
-            if not isinstance(value, bool):
-                fail(f"config['{key}']", "true or false", value)
         with torch.random.fork_rng(devices=[]):
             if seed is not None:
                 torch.manual_seed(seed)
-            return cls(**sizes, encoding=encoding, rms_norm_eps=float(eps), **flags)
+            return cls(**sizes, encoding=encoding)
 
     # ---------------------------------------------------------------- cache
     def new_cache(self, batch_size: int, capacity: int, store: str = "rotated", policy: str = "recompute") -> KVCache:
