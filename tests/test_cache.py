@@ -17,15 +17,6 @@ from conftest import assert_close
 F64 = torch.float64
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    # tiny tensors: 2 intra-op threads only add overhead and thrash under load (measured 17x slower on 2 busy cores)
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
-
-
 def rotate_pairs(x, cos, sin, pairing):
     """Oracle: rotate each channel pair of x [b, h, t, d] by the per-pair table [b, t, r/2] (float64)."""
     c, s = cos.double()[:, None], sin.double()[:, None]  # [b, 1, t, r/2]

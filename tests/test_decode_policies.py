@@ -16,15 +16,6 @@ from test_decoder import L0, config, model, reference_logits, rms, tokens
 LENGTH_DEPENDENT = ("dynamic", "longrope")
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    # tiny tensors: 2 intra-op threads only add overhead and thrash under load (measured 17x slower on 2 busy cores)
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
-
-
 def first_layer_keys(m, ids, positions, seq_len):
     """Independent: layer-0 keys of a full forward, `rotate(k_proj(norm(embed(ids))))` at the full length."""
     layer = m.layers[0]

@@ -18,13 +18,6 @@ from conftest import assert_close
 L0 = 16  # the original length of every length-dependent scaling below
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    # tiny tensors: 2 intra-op threads only add overhead and thrash under load (measured 17x slower on 2 busy cores)
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
 BASE = {"model_type": "llama", "vocab_size": 50, "hidden_size": 48, "num_hidden_layers": 2,
         "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 72, "rms_norm_eps": 1e-6,
         "max_position_embeddings": 4 * L0}

@@ -136,3 +136,11 @@ def test_validation_survives_python_O():
     code = "import posenc\ntry:\n    posenc.Rope(head_dim=7)\nexcept posenc.PosencError:\n    print('ok')\n"
     out = subprocess.run([sys.executable, "-O", "-c", code], capture_output=True, text=True, timeout=120)
     assert out.stdout.strip() == "ok", out.stderr
+
+
+@pytest.mark.parametrize("bad", [torch.int32, "bfloat16", 16])
+def test_compute_dtype_must_be_a_float_dtype(bad):
+    rope = Rope(head_dim=8)
+    q = torch.randn(1, 2, 3, 8)
+    with pytest.raises(PosencError, match=r"compute_dtype: expected None or a floating-point torch.dtype, got"):
+        rope.apply(q, q, torch.arange(3), compute_dtype=bad)

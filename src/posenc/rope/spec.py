@@ -133,6 +133,7 @@ class Rope:
         seq_len: int | None = None,
         precision: str = "float32",
         allow_negative: bool = False,
+        compute_dtype: torch.dtype | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """cos/sin tables for explicit positions, attention factor applied.
 
@@ -169,12 +170,13 @@ class Rope:
         seq_len: int | None = None,
         precision: str = "float32",
         allow_negative: bool = False,
+        compute_dtype: torch.dtype | None = None,
     ) -> torch.Tensor:
         """Rotate one tensor (q or k) at `position_ids`. See `apply` for the arguments."""
         self._check_x("x", x, layout)
         self._check_positions(position_ids, x, layout, "x")
         cos, sin = self.cos_sin(position_ids, seq_len=seq_len, precision=precision, allow_negative=allow_negative)
-        return apply_rope(x, cos, sin, pairing=self.pairing, layout=layout)
+        return apply_rope(x, cos, sin, pairing=self.pairing, layout=layout, compute_dtype=compute_dtype)
 
     def apply(
         self,
@@ -186,6 +188,7 @@ class Rope:
         seq_len: int | None = None,
         precision: str = "float32",
         allow_negative: bool = False,
+        compute_dtype: torch.dtype | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Rotate q and k at explicit logical positions.
 
@@ -197,6 +200,8 @@ class Rope:
             seq_len: length for length-dependent scalings (default `max(position_ids) + 1`, as transformers).
             precision: "float32" or "exact".
             allow_negative: accept negative positions.
+            compute_dtype: the rotation's dtype (default float32, one rounding; `q.dtype` reproduces
+                transformers' bf16/fp16 arithmetic bit for bit, see `apply_rope`).
         Returns:
             `(q_rotated, k_rotated)` in the inputs' dtypes; pass-through channels bit-identical.
         Raises:
@@ -211,8 +216,8 @@ class Rope:
         self._check_positions(position_ids, q, layout, "q")
         cos, sin = self.cos_sin(position_ids, seq_len=seq_len, precision=precision, allow_negative=allow_negative)
         return (
-            apply_rope(q, cos, sin, pairing=self.pairing, layout=layout),
-            apply_rope(k, cos, sin, pairing=self.pairing, layout=layout),
+            apply_rope(q, cos, sin, pairing=self.pairing, layout=layout, compute_dtype=compute_dtype),
+            apply_rope(k, cos, sin, pairing=self.pairing, layout=layout, compute_dtype=compute_dtype),
         )
 
     # ---------------------------------------------------------------- checks
