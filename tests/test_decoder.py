@@ -311,3 +311,20 @@ def test_decoder_refuses_bad_inputs_and_leaves_the_cache_alone():
         model("longrope")(tokens((2, 1)), cache=cache)  # a cache built for another RoPE
     out = m(tokens((2, 1)), attention_mask=torch.ones(2, 6, dtype=torch.long), cache=cache)  # the right one works
     assert out.shape == (2, 1, 50) and cache.next_positions().tolist() == [6, 6]
+
+
+@pytest.mark.parametrize("dtype", [torch.long, torch.int32, torch.bool, torch.float32])
+def test_attention_mask_of_any_real_dtype(dtype):
+    """A 0/1 mask may come as int, bool or float (torch.ones default); all give the same logits."""
+    m = model("default")
+    ids = torch.randint(0, 50, (2, 6), generator=torch.Generator().manual_seed(1))
+    mask = torch.tensor([[0, 0, 1, 1, 1, 1], [1, 1, 1, 1, 1, 1]])
+    want = m(ids, attention_mask=mask)
+    got = m(ids, attention_mask=mask.to(dtype))
+    assert torch.equal(got, want)
+
+
+def test_attention_mask_values_must_be_zero_or_one():
+    m = model("default")
+    with pytest.raises(posenc.PosencError, match="attention_mask: expected a 0/1 tensor"):
+        m(torch.zeros(1, 3, dtype=torch.long), attention_mask=torch.tensor([[0.0, 0.5, 1.0]]))

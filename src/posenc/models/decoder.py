@@ -229,8 +229,8 @@ class Decoder(nn.Module):
         if attention_mask is None:
             return input_ids.long(), torch.ones(b, t, dtype=torch.bool, device=input_ids.device)
         if not isinstance(attention_mask, torch.Tensor) or attention_mask.ndim != 2 or attention_mask.shape[0] != b \
-                or attention_mask.shape[1] < t or attention_mask.dtype.is_floating_point \
-                or not bool(((attention_mask == 0) | (attention_mask == 1)).all()):
+                or attention_mask.shape[1] < t or attention_mask.dtype.is_complex \
+                or not bool(((attention_mask == 0) | (attention_mask == 1)).all()):  # 0/1 of any real dtype
             fail("attention_mask", f"a 0/1 tensor of shape [{b}, {t}] or [{b}, cached + {t}]", attention_mask)
         mask = attention_mask.bool()
         if mask.shape[1] > t:
