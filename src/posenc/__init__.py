@@ -13,6 +13,7 @@ from . import models as models  # package: posenc.models.Decoder
 from .rope import DynamicNTK, Default, Linear, Llama3, LongRoPE, NTKAware, Rope, YaRN, apply_rope
 from .rope.axial import axial_cos_sin, vision_patch_positions
 from .rope.mrope import mrope_cos_sin
+from .rope.rerotate import rerotate
 from .rope.mrope_positions import mrope_position_ids, mrope_segment_positions
 
 __version__ = "0.1.0"
@@ -28,6 +29,7 @@ __all__ = [
     "YaRN",
     "LongRoPE",
     "Llama3",
+    "rerotate",
     "mrope_position_ids",
     "mrope_segment_positions",
     "mrope_cos_sin",

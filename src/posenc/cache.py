@@ -32,51 +32,13 @@ import torch
 
 from .errors import check_int_positions, fail
 from .rope.apply import apply_rope
+from .rope.rerotate import rerotation_tables, row_tables, stored_pairing
 from .rope.spec import Rope
 
-__all__ = ["KVCache", "STORES", "POLICIES", "row_tables", "rerotation_tables"]
+__all__ = ["KVCache", "STORES", "POLICIES"]
 
 STORES = ("rotated", "unrotated")
 POLICIES = ("recompute", "rerotate", "freeze", "refuse")
-
-
-def row_tables(rope: Rope, positions: torch.Tensor, seq_lens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-row RoPE tables: row i uses the table of sequence length `seq_lens[i]`.
-
-    Args:
-        rope: the embedding.
-        positions: `[b, t]` integer positions (negative entries, empty slots, are read as 0).
-        seq_lens: `[b]` int64 lengths (only used by length-dependent scalings).
-    Returns:
-        `(cos, sin)` float32 `[b, t, r/2]`, attention factor applied, equal to `rope.cos_sin(row, seq_len=L)`.
-    """
-    positions = positions.clamp(min=0)  # [b, t]; empty slots get a harmless angle, they are masked
-    if not rope.scaling.depends_on_length:
-        return rope.cos_sin(positions)
-    half = rope.rotary_dim // 2
-    cos = torch.empty(*positions.shape, half, dtype=torch.float32, device=positions.device)  # [b, t, r/2]
-    sin = torch.empty_like(cos)
-    for length in seq_lens.unique().tolist():  # one table per distinct length, never the batch maximum
-        rows = seq_lens == length
-        cos[rows], sin[rows] = rope.cos_sin(positions[rows], seq_len=int(length))
-    return cos, sin
-
-
-def rerotation_tables(
-    rope: Rope, old_positions: torch.Tensor, new_positions: torch.Tensor, old_lens: torch.Tensor, new_lens: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """float64 `[b, t, r/2]` tables that turn a key rotated by the old table into the new one.
-
-    The 2x2 map per pair is `R_new @ R_old^-1`, built from the very float32 tables a forward uses
-    (`c = a cos(p w)`, `s = a sin(p w)`, attention factor `a` included), so the result equals the key a
-    forward computes with the new table to float64 rounding. It is the rotation by the phase difference
-    `p_new w_new - p_old w_old`, scaled by `a_new / a_old`; rotating by `cos/sin(delta)` from fresh
-    angles instead would leave the float32 rounding of both tables (~1e-7) in the key.
-    """
-    c_old, s_old = (x.double() for x in row_tables(rope, old_positions, old_lens))  # [b, t, r/2]
-    c_new, s_new = (x.double() for x in row_tables(rope, new_positions, new_lens))
-    norm = c_old * c_old + s_old * s_old  # a_old^2 (up to the tables' rounding), never 0
-    return (c_new * c_old + s_new * s_old) / norm, (s_new * c_old - c_new * s_old) / norm
 
 
 class KVCache:
@@ -301,8 +263,7 @@ class KVCache:
         w = self.width
         old_p, new_p = self.positions[rows, :w], new_positions[rows, :w]  # [n, w]
         cos, sin = rerotation_tables(self.rope, old_p, new_p, self.table_len[rows], new_lens[rows])  # [n, w, r/2]
-        # stored pairs are split-half after an interleaved_to_split_half rotation
-        pairing = "split_half" if self.rope.pairing == "interleaved_to_split_half" else self.rope.pairing
+        pairing = stored_pairing(self.rope)
         for k in self.k:
             k[rows, :, :w] = apply_rope(k[rows, :, :w], cos, sin, pairing=pairing)  # [n, hk, w, d]
 
