@@ -89,6 +89,13 @@ def wavelength_figure(models: Sequence[str]) -> Any:
             ylabel="wavelength (tokens)")
     bottom.set(yscale="log", title="What the scaling does to each pair", xlabel="rotation pair i",
                ylabel="wavelength stretch (x)")
+    from matplotlib.ticker import FixedLocator, FuncFormatter, NullLocator  # lazy, like every matplotlib import here
+
+    top_stretch = max(max(line.get_ydata()) for line in bottom.get_lines())
+    ticks = [v for v in (1, 1.5, 2, 3, 4, 6, 8, 16, 32, 64, 128) if v <= top_stretch * 1.05]
+    bottom.yaxis.set_major_locator(FixedLocator(ticks))
+    bottom.yaxis.set_minor_locator(NullLocator())
+    bottom.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}x"))
     top.legend(fontsize="small")
     bottom.legend(fontsize="small")
     return fig
