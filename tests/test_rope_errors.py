@@ -55,7 +55,7 @@ CASES = [
     ("longrope-entry", lambda: LongRoPE((1.0, 0.0), (1.0, 1.0), 4096), r"^short_factor\[1\]: expected .*> 0, got 0\.0$"),
     ("longrope-not-list", lambda: LongRoPE(2.0, (1.0,), 4096), r"^short_factor: expected a list of positive numbers, got 2\.0$"),
     # --- widths
-    ("head-dim-odd", lambda: Rope(head_dim=7), r"^rotary_dim: expected an even number .*got 7$"),
+    ("head-dim-odd", lambda: Rope(head_dim=7), r"^head_dim: expected an even number .*got 7$"),
     ("rotary-odd", lambda: Rope(head_dim=8, rotary_dim=5), r"^rotary_dim: expected an even number .*got 5$"),
     ("rotary-wide", lambda: Rope(head_dim=8, rotary_dim=10), r"^rotary_dim: expected an integer in \[2, head_dim=8\], got 10$"),
     ("head-dim-zero", lambda: Rope(head_dim=0), r"^head_dim: expected a positive integer, got 0$"),

@@ -120,7 +120,7 @@ def config_to_dict(config: Any) -> dict[str, Any]:
         return dict(config)
     to_dict = getattr(config, "to_dict", None)
     if config is None or not callable(to_dict):
-        fail("config", "a config.json dict or a transformers PretrainedConfig", type(config).__name__)
+        fail("config", "a config.json dict or a transformers PretrainedConfig", type(config))
     out = dict(to_dict())
     for key in ("head_dim", "rope_parameters", "model_type"):  # properties to_dict() may not serialise
         if key not in out and getattr(config, key, None) is not None:

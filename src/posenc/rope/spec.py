@@ -61,7 +61,8 @@ class Rope:
         if isinstance(rotary, bool) or not isinstance(rotary, numbers.Integral) or not 0 < rotary <= self.head_dim:
             fail("rotary_dim", f"an integer in [2, head_dim={self.head_dim}]", rotary)
         if rotary % 2:
-            fail("rotary_dim", "an even number of channels (rotation pairs)", rotary)
+            arg = "rotary_dim" if self.rotary_dim is not None else "head_dim"  # rotary_dim defaults to head_dim
+            fail(arg, "an even number of channels (rotation pairs)", rotary)
         object.__setattr__(self, "head_dim", int(self.head_dim))
         object.__setattr__(self, "rotary_dim", int(rotary))
         if isinstance(self.base, bool) or not isinstance(self.base, numbers.Real) or not math.isfinite(self.base):
