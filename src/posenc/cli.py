@@ -3,7 +3,7 @@
     >>> main(["inspect", "llama-2-7b", "--lengths", "4k", "--dtypes", "fp16", "--bands", "2"])  # doctest: +ELLIPSIS
     llama-2-7b: meta-llama/Llama-2-7b-hf (preset llama-2-7b)
     ...
-    4k      4096    2 GiB / 2 GiB
+    4k      4096    2 GB / 2 GB
       per token: 512 KiB in fp16 = 2 (K and V) x 32 layers x 32 KV heads x 128 dims x 2 bytes (MHA)
     0
 
@@ -121,14 +121,15 @@ def _kv_block(report: dict[str, Any]) -> tuple:
         mark = "*" if report["l1"] and n > report["l1"] else ""
         beyond = beyond or bool(mark)
         rows.append([ins.length_label(n) + mark, str(n)]
-                    + [f"{_gib(cells[d]['bytes_per_request'])} GiB / {_gib(cells[d]['bytes_per_batch'])} GiB" for d in dtypes])
+                    + [f"{_gib(cells[d]['bytes_per_request'])} GB / {_gib(cells[d]['bytes_per_batch'])} GB" for d in dtypes])
     if beyond:
         notes.append(f"* beyond the model's declared maximum of {report['l1']} positions")
     for d, tokens in kv.get("max_tokens", {}).items():
         label = "" if tokens is None or ins.length_label(tokens) == str(tokens) else f" ({ins.length_label(tokens)})"
         fits = "any length (every layer is windowed)" if tokens is None else f"{tokens} tokens{label}"
-        notes.append(f"{kv['memory_gib']:g} GiB holds, in {d} at batch {batch}: {fits} per request")
-    title = f"KV cache (GiB = 2**30 bytes): per request / per batch of {batch}"
+        notes.append(f"{kv['memory_gib']:g} GB holds, in {d} at batch {batch}: {fits} per request")
+    # "GB" as the seed table writes it, meaning 2**30 bytes (GiB): said in the title so nobody guesses
+    title = f"KV cache (GB = 2**30 bytes, i.e. GiB): per request / per batch of {batch}"
     return ("table", title, ["length", "tokens"] + dtypes, rows, notes)
 
 
@@ -225,14 +226,14 @@ def build_parser() -> argparse.ArgumentParser:
                        description="Print the position scheme of a checkpoint config: head and rotary widths, pairing,"
                        " base, scaling rule and attention factor; per frequency band the wavelength and the full turns"
                        " within the original length L0 and the target length L1; the KV-cache memory per request and"
-                       " per batch (GiB = 2**30 bytes).",
+                       " per batch (GB = 2**30 bytes, i.e. GiB, as the seed table counts).",
                        epilog=f"bundled presets: {', '.join(ins.preset_names())}")
     p.add_argument("model", metavar="MODEL_OR_CONFIG", help="config.json, a directory holding one, or a preset name")
     p.add_argument("--lengths", help="KV-cache lengths, e.g. 4k,32k,128k (k = 1024; default: L0 and L1)")
     p.add_argument("--batch", type=int, default=1, help="requests per batch for the KV-cache table (default 1)")
     p.add_argument("--dtypes", default="fp16,bf16,fp8,int4", help=f"cache element types from {', '.join(ins.DTYPE_BYTES)}"
                    " (default fp16,bf16,fp8,int4)")
-    p.add_argument("--memory", type=float, metavar="GIB", help="a KV-cache budget in GiB: print the longest request that fits")
+    p.add_argument("--memory", type=float, metavar="GIB", help="a KV-cache budget in GB (2**30 bytes): print the longest request that fits")
     p.add_argument("--bands", type=int, default=8, help="frequency bands to group the rotation pairs into (default 8)")
     p.add_argument("--json", action="store_true", help="print every fact as JSON (per-pair lists included)")
     p.add_argument("--format", choices=("auto", "plain", "rich"), default="auto",

@@ -255,7 +255,7 @@ def inspect_model(
              "bytes_per_batch": batch * kv_bytes(kv, n, d)} for n in lengths for d in dtypes]
     report["kv_cache"] = {"kind": kv.kind, "layers": kv.layers, "kv_heads": kv.kv_heads, "head_dim": kv.head_dim,
                           "elements_per_token_per_layer": kv.elements, "windows": sorted({w for w in kv.windows if w}),
-                          "batch": batch, "dtypes": list(dtypes), "unit": "GiB = 2**30 bytes", "notes": list(kv.notes),
+                          "batch": batch, "dtypes": list(dtypes), "unit": "GB = 2**30 bytes (GiB)", "notes": list(kv.notes),
                           "bytes_per_token": {d: kv_bytes(kv, 1, d) for d in dtypes}, "rows": rows}
     if memory_gib is not None:
         budget = check_positive("--memory", memory_gib) * GIB
