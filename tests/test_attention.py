@@ -13,7 +13,7 @@ from posenc.attention import attention
 pytestmark = pytest.mark.filterwarnings("ignore:.*flex_attention called without torch.compile.*")
 
 
-def _loop_reference(q, k, v, qp, kp, bias, causal, key_mask, scale):
+def _loop_reference(q, k, v, qp, kp, bias, causal, key_mask, scale, window=None):
     """Per (b, h, i) softmax in float64 with Python loops; bias is a callable (b, h, i, j) -> float."""
     b, hq, tq, _ = q.shape
     hk, tk = k.shape[1], k.shape[2]
@@ -23,7 +23,8 @@ def _loop_reference(q, k, v, qp, kp, bias, causal, key_mask, scale):
         for h in range(hq):
             kh = h // (hq // hk)
             for i in range(tq):
-                keys = [j for j in range(tk) if (not causal or kp[bi, j] <= qp[bi, i]) and key_mask[bi, j]]
+                keys = [j for j in range(tk) if (not causal or kp[bi, j] <= qp[bi, i]) and key_mask[bi, j]
+                        and (window is None or qp[bi, i] - kp[bi, j] < window)]
                 if not keys:
                     continue
                 s = torch.tensor([float(q[bi, h, i] @ k[bi, kh, j]) * scale + bias(bi, h, i, j) for j in keys])
@@ -208,3 +209,26 @@ def test_bad_input_raises(kwargs, arg):
 
 def test_public_name():
     assert posenc.attention.attention is attention
+
+
+@pytest.mark.parametrize("impl", ["eager", "sdpa", "flex"])
+@pytest.mark.parametrize("window", [1, 3, 7, 100])
+def test_sliding_window_equals_loop_reference(gen, impl, window):
+    """A query at p sees keys at p - window + 1 .. p (logical positions), also with a bias and left padding."""
+    enc = ALiBi(6)
+    q, k, v, qp, kp, mask = _case(gen)
+    dense = enc.bias(qp, kp)  # [b, h, tq, tk]
+    ref = _loop_reference(q, k, v, qp, kp, lambda bi, h, i, j: float(dense[bi, h, i, j]), True, mask,
+                          1 / math.sqrt(8), window=window)
+    out = attention(q, k, v, q_positions=qp, k_positions=kp, encoding=enc, key_mask=mask, window=window, impl=impl)
+    assert_close(out.double(), ref, dtype=torch.float32)
+    if window < 7:  # a window shorter than the visible history changes the result
+        full = attention(q, k, v, q_positions=qp, k_positions=kp, encoding=enc, key_mask=mask, impl=impl)
+        assert not torch.allclose(out, full)
+
+
+@pytest.mark.parametrize("window", [0, -2, 2.5, True])
+def test_bad_window(gen, window):
+    q, k, v, qp, kp, mask = _case(gen)
+    with pytest.raises(PosencError, match="window: expected None or an integer >= 1"):
+        attention(q, k, v, q_positions=qp, k_positions=kp, window=window)

@@ -6,6 +6,7 @@ Float64 throughout, tolerance TOL[float64] = 1e-10.
 """
 
 import functools
+import importlib
 
 import pytest
 import torch
@@ -274,7 +275,7 @@ def test_from_hf_config_seeds_dtypes_and_errors():
     for bad, match in [
         ({k: v for k, v in BASE.items() if k != "vocab_size"}, r"config\['vocab_size'\]"),
         (BASE | {"hidden_act": "gelu"}, "hidden_act"),
-        (BASE | {"sliding_window": 4096}, "sliding_window"),
+        (BASE | {"sliding_window": 0}, "sliding_window"),
         (BASE | {"num_key_value_heads": 3}, "num_kv_heads"),
         (BASE | {"rope_scaling": {"rope_type": "linear"}}, "factor"),
         (BASE | {"tie_word_embeddings": "yes"}, "tie_word_embeddings"),
@@ -328,3 +329,46 @@ def test_attention_mask_values_must_be_zero_or_one():
     m = model("default")
     with pytest.raises(posenc.PosencError, match="attention_mask: expected a 0/1 tensor"):
         m(torch.zeros(1, 3, dtype=torch.long), attention_mask=torch.tensor([[0.0, 0.5, 1.0]]))
+
+
+
+# ------------------------------------------------------------------ sliding windows (Mistral, Qwen2)
+WINDOWED = {
+    "mistral": ("MistralConfig", "MistralForCausalLM", {"model_type": "mistral", "sliding_window": 5}),
+    "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", {"model_type": "qwen2", "use_sliding_window": True,
+                                                   "sliding_window": 4, "max_window_layers": 1}),
+}
+
+
+@pytest.mark.parametrize("name", sorted(WINDOWED))
+def test_sliding_window_equals_transformers(name, monkeypatch):
+    """Mistral slides every layer; Qwen2 slides layers >= max_window_layers: logits equal transformers'."""
+    import transformers
+
+    config_cls, model_cls, extra = WINDOWED[name]
+    family = importlib.import_module(f"transformers.models.{name}.modeling_{name}")
+
+    def rms_float64(self, h):  # transformers' RMSNorm rounds through float32; keep float64 so 1e-10 applies
+        return self.weight * (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.variance_epsilon))
+
+    monkeypatch.setattr(getattr(family, f"{name.capitalize()}RMSNorm"), "forward", rms_float64)
+    cfg = {k: v for k, v in BASE.items() if k != "model_type"} | {k: v for k, v in extra.items() if k != "model_type"}
+    ours = Decoder.from_hf_config(BASE | extra, seed=3).double().eval()
+    expected_windows = (5, 5) if name == "mistral" else (None, 4)
+    assert ours.layer_windows == expected_windows
+    hf = getattr(transformers, model_cls)(getattr(transformers, config_cls)(**cfg)).double().eval()
+    missing, unexpected = hf.load_state_dict(
+        {(k if k == "lm_head.weight" else "model." + k): v for k, v in ours.state_dict().items()}, strict=False)
+    assert not unexpected and all(k.endswith("_proj.bias") for k in missing)  # Qwen2's q/k/v biases
+    with torch.no_grad():
+        for key in missing:  # this decoder has no q/k/v bias: zero is the same map
+            hf.get_parameter(key).zero_()
+    ids = tokens((2, 12))
+    with torch.no_grad():
+        want = hf(ids).logits
+        assert_close(ours(ids), want)
+        cache = ours.new_cache(2, 16)
+        steps = [ours(ids[:, :6], cache=cache)] + [ours(ids[:, i:i + 1], cache=cache) for i in range(6, 12)]
+        assert_close(torch.cat(steps, 1), want)  # decode under the window equals the full forward
+        unwindowed = Decoder.from_hf_config(BASE | {"model_type": extra["model_type"]}, seed=3).double().eval()
+        assert not torch.allclose(unwindowed(ids), want)  # the window matters at this length

@@ -64,12 +64,15 @@ def _positions(arg: str, positions: Any, batch: int, tokens: int) -> torch.Tenso
     return positions.long().reshape(-1, tokens).expand(batch, tokens).contiguous()  # [b, t]
 
 
-def _visible(q_pos: torch.Tensor, k_pos: torch.Tensor, causal: bool, key_mask: torch.Tensor | None) -> torch.Tensor:
+def _visible(q_pos: torch.Tensor, k_pos: torch.Tensor, causal: bool, key_mask: torch.Tensor | None,
+             window: int | None = None) -> torch.Tensor:
     """`[b, 1, tq, tk]` bool: which keys each query may see (logical positions, not indices)."""
     b, tq, tk = q_pos.shape[0], q_pos.shape[1], k_pos.shape[1]
     visible = torch.ones(b, 1, tq, tk, dtype=torch.bool, device=q_pos.device)
     if causal:
         visible = visible & (k_pos[:, None, None, :] <= q_pos[:, None, :, None])  # [b, 1, tq, tk]
+    if window is not None:  # the last `window` positions up to the query: q_pos - k_pos < window
+        visible = visible & (q_pos[:, None, :, None] - k_pos[:, None, None, :] < window)
     if key_mask is not None:
         visible = visible & key_mask[:, None, None, :]
     return visible
@@ -87,6 +90,7 @@ def attention(
     key_mask: torch.Tensor | None = None,
     scale: float | None = None,
     impl: str = "eager",
+    window: int | None = None,
 ) -> torch.Tensor:
     """Softmax attention with an explicit positional encoding and explicit logical positions.
 
@@ -101,6 +105,8 @@ def attention(
         key_mask: `[b, tk]` bool, True = attend (False for padding and empty cache slots).
         scale: multiplier on `q @ k^T` (default `1 / sqrt(d)`; T5 uses 1.0).
         impl: "eager", "sdpa" or "flex".
+        window: sliding window (Mistral, Gemma local layers): a query at p sees keys at positions
+            p - window + 1 .. p only (`q_pos - k_pos < window`, transformers' convention); None = no window.
     Returns:
         `[b, hq, tq, dv]` in q's dtype; rows with no visible key are zeros.
     Raises:
@@ -119,6 +125,8 @@ def attention(
         fail("k", f"a head count that divides hq={hq} (GQA)", k)
     if impl not in IMPLS:
         fail("impl", f"one of {IMPLS}", impl)
+    if window is not None and (isinstance(window, bool) or not isinstance(window, int) or window < 1):
+        fail("window", "None or an integer >= 1 (tokens a query sees, itself included)", window)
     if scale is None:
         scale = 1.0 / math.sqrt(d)
     elif isinstance(scale, bool) or not isinstance(scale, (int, float)) or not math.isfinite(scale):
@@ -138,12 +146,12 @@ def attention(
     elif kind == "absolute":
         q = q + _absolute(encoding, q_positions, d).unsqueeze(-3).to(q.dtype)  # [b?, 1, tq, d]
         k = k + _absolute(encoding, k_positions, d).unsqueeze(-3).to(k.dtype)  # [b?, 1, tk, d]
-    visible = _visible(q_pos, k_pos, causal, key_mask)  # [b, 1, tq, tk]
+    visible = _visible(q_pos, k_pos, causal, key_mask, window)  # [b, 1, tq, tk]
     any_visible = visible.any(-1, keepdim=True)  # [b, 1, tq, 1]
     bias_scheme = encoding if kind == "bias" else None
 
     if impl == "flex":
-        out = _flex(q, k, v, q_pos, k_pos, bias_scheme, causal, key_mask, scale)
+        out = _flex(q, k, v, q_pos, k_pos, bias_scheme, causal, key_mask, scale, window)
     else:
         compute = torch.float64 if q.dtype == torch.float64 else torch.float32
         # Rows with no visible key see everything (finite softmax) and are zeroed after: never NaN.
@@ -181,7 +189,7 @@ def _bias_4d(scheme: Any, q_positions: torch.Tensor, k_positions: torch.Tensor, 
     return bias if bias.ndim == 4 else bias.unsqueeze(0)  # [b or 1, h, tq, tk]
 
 
-def _flex(q, k, v, q_pos, k_pos, scheme, causal, key_mask, scale) -> torch.Tensor:
+def _flex(q, k, v, q_pos, k_pos, scheme, causal, key_mask, scale, window=None) -> torch.Tensor:
     try:
         from torch.nn.attention.flex_attention import flex_attention
     except ImportError:  # pragma: no cover - torch < 2.5
@@ -196,6 +204,8 @@ def _flex(q, k, v, q_pos, k_pos, scheme, causal, key_mask, scale) -> torch.Tenso
             score = torch.where(k_pos[b, kv_idx] <= q_pos[b, q_idx], score, float("-inf"))
         if key_mask is not None:
             score = torch.where(key_mask[b, kv_idx], score, float("-inf"))
+        if window is not None:
+            score = torch.where(q_pos[b, q_idx] - k_pos[b, kv_idx] < window, score, float("-inf"))
         return score
 
     groups = q.shape[1] // k.shape[1]

@@ -10,6 +10,7 @@ from .facts import (
     decoder_sizes,
     kv_cache_facts,
     layer_types,
+    layer_windows,
     max_positions,
     original_max_positions,
     position_scheme,
@@ -32,4 +33,5 @@ __all__ = [
     "scheme_facts",
     "decoder_sizes",
     "layer_types",
+    "layer_windows",
 ]

@@ -17,7 +17,7 @@ from ..errors import Raw, fail
 from .rope import NON_ROPE_MODEL_TYPES, config_to_dict, text_config
 
 __all__ = ["KVFacts", "kv_cache_facts", "max_positions", "original_max_positions", "position_scheme",
-           "scheme_facts", "decoder_sizes", "layer_types"]
+           "scheme_facts", "decoder_sizes", "layer_types", "layer_windows"]
 
 ENCODER_ONLY = {"bert", "roberta", "distilbert", "electra", "deberta", "deberta-v2"}
 _MISSING = Raw("nothing (key missing)")
@@ -97,14 +97,24 @@ class KVFacts:
     notes: tuple[str, ...]
 
 
-def _layer_windows(cfg: dict[str, Any], layers: int) -> tuple[int | None, ...]:
+def layer_windows(config: Any, layers: int | None = None) -> tuple[int | None, ...]:
+    """Per layer, the sliding-window size (None = the layer sees every earlier token), as transformers reads
+    `sliding_window`, `use_sliding_window`, `layer_types`, Qwen2's `max_window_layers` and Gemma's patterns."""
+    cfg = text_config(config_to_dict(config))
+    if layers is None:
+        layers = _positive_int(cfg, "num_hidden_layers", "n_layer", "n_layers", "num_layers")
     window = cfg.get("sliding_window")
-    if not window or cfg.get("use_sliding_window") is False:
+    if window is None or cfg.get("use_sliding_window") is False:
         return (None,) * layers
+    if isinstance(window, bool) or not isinstance(window, int) or window < 1:
+        fail("config['sliding_window']", "None or a positive integer", window)
     types = cfg.get("layer_types")
     if isinstance(types, list) and len(types) == layers:
         return tuple(window if t == "sliding_attention" else None for t in types)
     model_type = cfg.get("model_type")
+    if model_type in ("qwen2", "qwen2_moe", "qwen3", "qwen3_moe") and cfg.get("use_sliding_window"):
+        first = cfg.get("max_window_layers", 28)  # transformers: layers from max_window_layers on slide
+        return tuple(window if i >= first else None for i in range(layers))
     if model_type == "gemma2":  # even layers slide
         return tuple(None if i % 2 else window for i in range(layers))
     if model_type in ("gemma3", "gemma3_text"):  # every `pattern`-th layer is global
@@ -130,7 +140,7 @@ def kv_cache_facts(config: Any) -> KVFacts:
     decoder = "num_decoder_layers" if model_type in ("t5", "mt5") else "num_hidden_layers"
     layers = _positive_int(cfg, decoder, "num_hidden_layers", "n_layer", "n_layers", "num_layers")
     heads = _positive_int(cfg, "num_attention_heads", "n_head", "n_heads", "num_heads")
-    windows = _layer_windows(cfg, layers)
+    windows = layer_windows(cfg, layers)
     notes = []
     if any(w is not None for w in windows):
         slid = sum(w is not None for w in windows)
@@ -169,13 +179,11 @@ def decoder_sizes(config: Any) -> dict[str, Any]:
     """The keyword arguments of `posenc.models.Decoder` (sizes and flags) from a Llama-family config.
 
     Raises:
-        PosencError: missing or invalid sizes, a non-SwiGLU activation, a sliding window, non-bool flags.
+        PosencError: missing or invalid sizes, a non-SwiGLU activation, a bad sliding window, non-bool flags.
     """
     cfg = config_to_dict(config)
     if cfg.get("hidden_act", "silu") != "silu":
         fail("config['hidden_act']", "'silu' (SwiGLU MLP)", cfg.get("hidden_act"))
-    if cfg.get("sliding_window") is not None and cfg.get("use_sliding_window", True):
-        fail("config['sliding_window']", "None (this decoder has no sliding-window layers)", cfg["sliding_window"])
     heads = _positive_int(cfg, "num_attention_heads")
     sizes: dict[str, Any] = dict(
         vocab_size=_positive_int(cfg, "vocab_size"), hidden_size=_positive_int(cfg, "hidden_size"),
@@ -183,6 +191,7 @@ def decoder_sizes(config: Any) -> dict[str, Any]:
         intermediate_size=_positive_int(cfg, "intermediate_size"),
         num_kv_heads=_positive_int(cfg, "num_key_value_heads", default=heads),
         head_dim=_positive_int(cfg, "head_dim") if cfg.get("head_dim") else None)
+    sizes["layer_windows"] = layer_windows(cfg, sizes["num_layers"])
     eps = cfg.get("rms_norm_eps", 1e-6)
     if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not 0 <= eps < 1:
         fail("config['rms_norm_eps']", "a number in [0, 1)", eps)

@@ -58,6 +58,8 @@ class Decoder(nn.Module):
         encoding: a `posenc.Rope`, a bias scheme (`ALiBi`, `T5RelativeBias`), an absolute scheme with
             `embedding(positions) -> [..., hidden_size]` (added to the token embeddings), or None (no positions).
         rms_norm_eps, tie_word_embeddings, attention_bias, mlp_bias: as in transformers' Llama.
+        layer_windows: per layer, a sliding window (a query at p sees keys at p - W + 1 .. p, as Mistral
+            and Qwen2's sliding layers) or None (every earlier key); default None for every layer.
     Raises:
         PosencError: non-positive sizes, heads that do not divide, an encoding of the wrong kind or width.
     """
@@ -65,7 +67,7 @@ class Decoder(nn.Module):
     def __init__(self, *, vocab_size: int, hidden_size: int, num_layers: int, num_heads: int, intermediate_size: int,
                  num_kv_heads: int | None = None, head_dim: int | None = None, encoding: Any = None,
                  rms_norm_eps: float = 1e-6, tie_word_embeddings: bool = False, attention_bias: bool = False,
-                 mlp_bias: bool = False) -> None:
+                 mlp_bias: bool = False, layer_windows: tuple[int | None, ...] | None = None) -> None:
         super().__init__()
         sizes = dict(vocab_size=vocab_size, hidden_size=hidden_size, num_layers=num_layers, num_heads=num_heads,
                      intermediate_size=intermediate_size, num_kv_heads=num_kv_heads or num_heads)
@@ -85,6 +87,11 @@ class Decoder(nn.Module):
             fail("encoding", f"a bias scheme for num_heads={num_heads}", encoding)
         if self.kind == "absolute" and encoding.embedding(torch.zeros(1, dtype=torch.long)).shape[-1] != hidden_size:
             fail("encoding", f"an absolute scheme whose embedding has width hidden_size={hidden_size}", encoding)
+        layer_windows = (None,) * num_layers if layer_windows is None else tuple(layer_windows)
+        if len(layer_windows) != num_layers or any(
+                w is not None and (isinstance(w, bool) or not isinstance(w, int) or w < 1) for w in layer_windows):
+            fail("layer_windows", f"{num_layers} entries, each None or an integer >= 1", layer_windows)
+        self.layer_windows = layer_windows
         self.vocab_size, self.num_heads = vocab_size, num_heads
         self.num_kv_heads, self.head_dim = num_kv_heads, head_dim
         self.encoding = encoding  # an nn.Module encoding (T5RelativeBias) registers as a submodule
@@ -112,7 +119,7 @@ class Decoder(nn.Module):
         Returns:
             The decoder (float32; call `.double()` for float64).
         Raises:
-            PosencError: missing or invalid sizes, unsupported activations or sliding windows, bad RoPE settings.
+            PosencError: missing or invalid sizes, unsupported activations, bad sliding windows or RoPE settings.
         """
         from ..hf import config_to_dict, decoder_sizes
 
@@ -189,7 +196,7 @@ class Decoder(nn.Module):
         key_positions = cache.positions[:, :w]  # [b, w]
         step = dict(slots=slots, positions=positions, key_positions=key_positions, key_mask=key_positions >= 0,
                     cos=None, sin=None, key_tables=None, scale=self.scale,
-                    bias=self.encoding if self.kind == "bias" else None)
+                    bias=self.encoding if self.kind == "bias" else None, windows=self.layer_windows)
         if self.rope is not None:
             step["cos"], step["sin"] = cache.tables(positions)  # [b, t, r/2], each row at its table_len
             if cache.store == "unrotated":

@@ -79,7 +79,8 @@ class Attention(nn.Module):
         cache.write(layer, k, v, step["slots"], step["cos"], step["sin"])
         keys, values = cache.read(layer, step["key_tables"])  # [b, hk, w, d]
         out = attention(q, keys, values, q_positions=step["positions"], k_positions=step["key_positions"],
-                        encoding=step["bias"], causal=True, key_mask=step["key_mask"], scale=step["scale"])
+                        encoding=step["bias"], causal=True, key_mask=step["key_mask"], scale=step["scale"],
+                        window=step["windows"][layer])
         return self.o_proj(out.transpose(1, 2).reshape(b, t, -1))  # [b, t, hidden]
 
 
