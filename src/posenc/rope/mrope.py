@@ -23,7 +23,7 @@ from typing import Sequence
 
 import torch
 
-from ..errors import fail
+from ..errors import check_int_positions, fail
 from . import tables
 
 __all__ = ["mrope_axis_map", "gather_axes", "mrope_cos_sin"]
@@ -92,8 +92,7 @@ def mrope_cos_sin(
     """
     if not isinstance(position_ids, torch.Tensor) or position_ids.ndim not in (2, 3) or position_ids.shape[0] != 3:
         fail("position_ids", "an integer tensor of shape [3, b, t] or [3, t]", position_ids)
-    if position_ids.dtype.is_floating_point or position_ids.dtype in (torch.bool, torch.complex64, torch.complex128):
-        fail("position_ids", "an integer dtype", position_ids)
+    check_int_positions("position_ids", position_ids, allow_negative=True)
     sections = tuple(sections)
     axis_map = mrope_axis_map(sections, interleaved)  # [r/2]
     if inv_freq.ndim != 1 or axis_map.numel() != inv_freq.numel():

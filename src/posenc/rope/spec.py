@@ -20,7 +20,7 @@ import torch
 from ..errors import check_float_tensor, check_int_positions, check_positive, fail
 from . import tables
 from .apply import LAYOUTS, PAIRINGS, apply_rope
-from .mrope import gather_axes, mrope_axis_map
+from .mrope import mrope_axis_map, mrope_cos_sin
 from .scaling import Default, Scaling
 
 __all__ = ["Rope"]
@@ -156,10 +156,10 @@ class Rope:
         inv, factor = self.inv_freq(self.seq_len_for(position_ids, seq_len))
         if precision not in tables.PRECISIONS:
             fail("precision", f"one of {tables.PRECISIONS}", precision)
-        theta = tables.angles(position_ids, inv, precision)  # [..., r/2]
-        if multi_axis:
-            theta = gather_axes(theta, mrope_axis_map(self.mrope_section, self.mrope_interleaved))  # [b, t, r/2]
-        return tables.cos_sin_from_angles(theta, factor)
+        if multi_axis:  # [b, t, r/2], each frequency from the axis that drives it
+            return mrope_cos_sin(position_ids, inv, self.mrope_section, interleaved=self.mrope_interleaved,
+                                 attention_factor=factor, precision=precision)
+        return tables.cos_sin(position_ids, inv, factor, precision)  # [..., r/2]
 
     # ---------------------------------------------------------------- rotation
     def rotate(
