@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import Raw, fail
-from .rope import NON_ROPE_MODEL_TYPES, config_to_dict, text_config
+from .rope import NON_ROPE_MODEL_TYPES, config_to_dict, positive_int, present_key, text_config
 
 __all__ = ["KVFacts", "kv_cache_facts", "max_positions", "original_max_positions", "position_scheme",
            "scheme_facts", "decoder_sizes", "layer_types", "layer_windows"]
@@ -32,11 +32,11 @@ def _first(cfg: dict[str, Any], *keys: str) -> Any:
 
 
 def _positive_int(cfg: dict[str, Any], *keys: str, default: Any = None) -> int:
-    value = _first(cfg, *keys)
-    value = default if value is None else value
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0 or int(value) != value:
-        fail(f"config['{keys[0]}']", "a positive integer", _MISSING if value is None else value)
-    return int(value)
+    """The first set alias key as a positive integer (`default` when none is set)."""
+    key = present_key(cfg, *keys)
+    if cfg.get(key) is None and default is not None:
+        return positive_int({key: default}, key)
+    return positive_int(cfg, key)
 
 
 def max_positions(config: Any) -> int | None:

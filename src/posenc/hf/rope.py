@@ -142,14 +142,14 @@ def text_config(cfg: dict[str, Any]) -> dict[str, Any]:
     return merged
 
 
-def _int(cfg: Mapping[str, Any], key: str, where: str = "config") -> int:
+def positive_int(cfg: Mapping[str, Any], key: str, where: str = "config") -> int:
     value = cfg.get(key)
     if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0 or int(value) != value:
         fail(f"{where}['{key}']", "a positive integer", value if key in cfg else _MISSING)
     return int(value)
 
 
-def _first(cfg: Mapping[str, Any], *keys: str) -> str:
+def present_key(cfg: Mapping[str, Any], *keys: str) -> str:
     """The first of several alias keys present in cfg (transformers' attribute_map), else the first name."""
     return next((k for k in keys if cfg.get(k) is not None), keys[0])
 
@@ -213,15 +213,15 @@ def _layer_params(cfg: dict[str, Any], conv: Convention) -> tuple[dict[str, Any]
 
 def _head_dim(cfg: Mapping[str, Any], model_type: str, conv: Convention) -> int:
     if model_type in ("deepseek_v2", "deepseek_v3"):  # MLA: RoPE runs on the qk_rope_head_dim slice only
-        return _int(cfg, "qk_rope_head_dim") if "qk_rope_head_dim" in cfg else 64
+        return positive_int(cfg, "qk_rope_head_dim") if "qk_rope_head_dim" in cfg else 64
     if model_type != "falcon":  # Falcon's head_dim is a property: hidden_size // num_attention_heads
         if cfg.get("head_dim") is not None:
-            return _int(cfg, "head_dim")
+            return positive_int(cfg, "head_dim")
         if "head_dim" not in cfg and conv.head_dim is not None:
             return conv.head_dim  # the config class's default, not hidden / heads
-    hidden_key = _first(cfg, "hidden_size", "n_embd", "n_embed", "d_model")
-    heads_key = _first(cfg, "num_attention_heads", "n_head", "n_heads")
-    hidden, heads = _int(cfg, hidden_key), _int(cfg, heads_key)
+    hidden_key = present_key(cfg, "hidden_size", "n_embd", "n_embed", "d_model")
+    heads_key = present_key(cfg, "num_attention_heads", "n_head", "n_heads")
+    hidden, heads = positive_int(cfg, hidden_key), positive_int(cfg, heads_key)
     if hidden % heads:
         fail(f"config['{hidden_key}']", f"a multiple of {heads_key}={heads} (or an explicit head_dim)", hidden)
     return hidden // heads
@@ -241,7 +241,7 @@ def _rotary_dim(cfg: Mapping[str, Any], params: Mapping[str, Any], rope_type: st
     if model_type == "gptj":
         if "rotary_dim" in cfg and cfg["rotary_dim"] is None:
             fail("config['rotary_dim']", "an integer (GPT-J with rotary_dim=null rotates hidden_size channels)", None)
-        return _int(cfg, "rotary_dim") if "rotary_dim" in cfg else 64
+        return positive_int(cfg, "rotary_dim") if "rotary_dim" in cfg else 64
     factor, where = _partial(cfg, params, model_type, conv), "partial_rotary_factor"
     if factor is None:
         return head_dim
@@ -269,18 +269,18 @@ def _scaling(rope_type: str, p: Mapping[str, Any], cfg: Mapping[str, Any], where
         # transformers: a top-level original_max_position_embeddings wins (Phi-3), then the dict's, then max_pos
         for source, name in ((cfg, "config"), (p, where)):
             if source.get("original_max_position_embeddings") is not None:
-                return _int(source, "original_max_position_embeddings", name)
-        return _int(cfg, _first(cfg, "max_position_embeddings", "n_positions"))
+                return positive_int(source, "original_max_position_embeddings", name)
+        return positive_int(cfg, present_key(cfg, "max_position_embeddings", "n_positions"))
 
     if rope_type == "default":
         return sc.Default()
     if rope_type == "linear":
         return sc.Linear(number("factor"))
     if rope_type == "dynamic":
-        return sc.DynamicNTK(number("factor"), _int(cfg, _first(cfg, "max_position_embeddings", "n_positions")))
+        return sc.DynamicNTK(number("factor"), positive_int(cfg, present_key(cfg, "max_position_embeddings", "n_positions")))
     if rope_type == "yarn":
         l0 = original_max()
-        factor = _int(cfg, "max_position_embeddings") / l0 if p.get("factor") is None else number("factor")
+        factor = positive_int(cfg, "max_position_embeddings") / l0 if p.get("factor") is None else number("factor")
         truncate = p.get("truncate", True)
         if not isinstance(truncate, bool):
             fail(f"{where}['truncate']", "true or false", truncate)

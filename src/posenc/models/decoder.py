@@ -41,13 +41,6 @@ from .layers import DecoderLayer, RMSNorm
 __all__ = ["Decoder"]
 
 
-def _size(cfg: dict[str, Any], key: str, default: Any = None) -> int:
-    value = cfg.get(key, default)
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0 or int(value) != value:
-        fail(f"config['{key}']", "a positive integer", value if key in cfg else "nothing (key missing)")
-    return int(value)
-
-
 class Decoder(nn.Module):
     """Llama-style decoder (RMSNorm, GQA attention with a pluggable positional scheme, SwiGLU MLP).
 
@@ -71,8 +64,9 @@ class Decoder(nn.Module):
         super().__init__()
         sizes = dict(vocab_size=vocab_size, hidden_size=hidden_size, num_layers=num_layers, num_heads=num_heads,
                      intermediate_size=intermediate_size, num_kv_heads=num_kv_heads or num_heads)
-        for key, value in sizes.items():
-            _size(sizes, key)
+        for key, value in sizes.items():  # constructor arguments: the message names the argument itself
+            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+                fail(key, "a positive integer", value)
         num_kv_heads = sizes["num_kv_heads"]
         if num_heads % num_kv_heads:
             fail("num_kv_heads", f"a divisor of num_heads={num_heads}", num_kv_heads)
