@@ -33,7 +33,7 @@ from typing import Any
 
 import torch
 
-from .errors import check_float_tensor, check_int_positions, fail
+from .errors import Raw, check_float_tensor, check_int_positions, fail
 from .rope.spec import Rope
 
 __all__ = ["attention", "IMPLS", "encoding_kind"]
@@ -139,7 +139,7 @@ def attention(
 
     kind = encoding_kind(encoding)
     if kind == "bias" and getattr(encoding, "heads", hq) != hq:
-        fail("encoding", f"a bias scheme covering hq={hq} heads", f"one covering {encoding.heads}")
+        fail("encoding", f"a bias scheme covering hq={hq} heads", Raw(f"one covering {encoding.heads}"))
     if kind == "rope":
         q = encoding.rotate(q, q_positions)
         k = encoding.rotate(k, k_positions)

@@ -30,7 +30,7 @@ from typing import Any
 
 import torch
 
-from .errors import check_int_positions, fail
+from .errors import Raw, check_int_positions, fail
 from .rope.apply import apply_rope
 from .rope.rerotate import rerotation_tables, row_tables, stored_pairing
 from .rope.spec import Rope
@@ -137,7 +137,7 @@ class KVCache:
         big = torch.iinfo(torch.long).max
         real = positions.long().masked_fill(~mask, big)  # [b, t]; padding never constrains anything
         if bool((real < 0).any()):
-            fail("position_ids", "positions >= 0 for unmasked tokens", f"min {int(real.min())}")
+            fail("position_ids", "positions >= 0 for unmasked tokens", Raw(f"min {int(real.min())}"))
         prev = torch.cat((self.next_positions()[:, None] - 1, real), dim=1)  # [b, 1 + t]
         prev = torch.cummax(prev.masked_fill(prev == big, -1), dim=1).values[:, :-1]  # last real position before
         bad = mask & (real <= prev)

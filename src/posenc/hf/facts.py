@@ -13,14 +13,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from ..errors import Raw, fail
+from ..errors import fail
 from .rope import NON_ROPE_MODEL_TYPES, config_to_dict, positive_int, present_key, text_config
 
 __all__ = ["KVFacts", "kv_cache_facts", "max_positions", "original_max_positions", "position_scheme",
            "scheme_facts", "decoder_sizes", "layer_types", "layer_windows"]
 
 ENCODER_ONLY = {"bert", "roberta", "distilbert", "electra", "deberta", "deberta-v2"}
-_MISSING = Raw("nothing (key missing)")
 
 
 def _first(cfg: dict[str, Any], *keys: str) -> Any:
