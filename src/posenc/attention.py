@@ -33,7 +33,7 @@ from typing import Any
 
 import torch
 
-from .errors import Raw, check_float_tensor, check_int_positions, fail
+from .errors import Raw, batch_positions, check_float_tensor, fail
 from .rope.spec import Rope
 
 __all__ = ["attention", "IMPLS", "encoding_kind"]
@@ -52,16 +52,6 @@ def encoding_kind(encoding: Any) -> str:
     if callable(getattr(encoding, "embedding", None)):
         return "absolute"
     fail("encoding", "None, a posenc.Rope, a bias scheme (ALiBi, T5RelativeBias) or an absolute scheme", encoding)
-
-
-def _positions(arg: str, positions: Any, batch: int, tokens: int) -> torch.Tensor:
-    """Check `[t]` or `[b, t]` integer positions and return them as int64 `[b, t]`."""
-    check_int_positions(arg, positions, allow_negative=True)
-    if positions.ndim not in (1, 2) or positions.shape[-1] != tokens:
-        fail(arg, f"shape [{tokens}] or [b, {tokens}]", positions)
-    if positions.ndim == 2 and positions.shape[0] not in (1, batch):
-        fail(arg, f"batch size 1 or {batch}", positions)
-    return positions.long().reshape(-1, tokens).expand(batch, tokens).contiguous()  # [b, t]
 
 
 def _visible(q_pos: torch.Tensor, k_pos: torch.Tensor, causal: bool, key_mask: torch.Tensor | None,
@@ -131,8 +121,8 @@ def attention(
         scale = 1.0 / math.sqrt(d)
     elif isinstance(scale, bool) or not isinstance(scale, (int, float)) or not math.isfinite(scale):
         fail("scale", "a finite number (or None for 1/sqrt(d))", scale)
-    q_pos = _positions("q_positions", q_positions, b, tq)  # [b, tq]
-    k_pos = _positions("k_positions", k_positions, b, tk)  # [b, tk]
+    q_pos = batch_positions("q_positions", q_positions, b, tq)  # [b, tq]
+    k_pos = batch_positions("k_positions", k_positions, b, tk)  # [b, tk]
     if key_mask is not None:
         if not isinstance(key_mask, torch.Tensor) or key_mask.dtype != torch.bool or key_mask.shape != (b, tk):
             fail("key_mask", f"a bool tensor of shape [{b}, {tk}] (True = attend)", key_mask)

@@ -24,6 +24,7 @@ __all__ = [
     "fail",
     "check_positive",
     "check_int_positions",
+    "batch_positions",
     "check_float_tensor",
 ]
 
@@ -81,6 +82,16 @@ def check_int_positions(arg: str, positions: Any, *, allow_negative: bool = Fals
     if not allow_negative and positions.numel() and bool((positions < 0).any()):
         fail(arg, "positions >= 0 (pass allow_negative=True to rotate backwards)", Raw(f"min {int(positions.min())}"))
     return positions
+
+
+def batch_positions(arg: str, positions: Any, batch: int, tokens: int, *, allow_negative: bool = True) -> torch.Tensor:
+    """Check `[t]` or `[b, t]` integer positions (b may be 1) and return them as int64 `[batch, tokens]`."""
+    check_int_positions(arg, positions, allow_negative=allow_negative)
+    if positions.ndim not in (1, 2) or positions.shape[-1] != tokens:
+        fail(arg, f"shape [{tokens}] or [b, {tokens}]", positions)
+    if positions.ndim == 2 and positions.shape[0] not in (1, batch):
+        fail(arg, f"batch size 1 or {batch}", positions)
+    return positions.long().reshape(-1, tokens).expand(batch, tokens).contiguous()  # [b, t]
 
 
 def check_float_tensor(arg: str, x: Any, *, ndim: tuple[int, ...] | None = None) -> torch.Tensor:

@@ -34,7 +34,7 @@ from torch import nn
 
 from ..attention import encoding_kind
 from ..cache import KVCache
-from ..errors import fail
+from ..errors import batch_positions, fail
 from ..rope.spec import Rope
 from .layers import DecoderLayer, RMSNorm
 
@@ -168,7 +168,7 @@ class Decoder(nn.Module):
         if position_ids is None:
             positions = start[:, None] + mask.long().cumsum(dim=1) - 1  # [b, t]
         else:
-            positions = self._check_positions(position_ids, b, t)
+            positions = batch_positions("position_ids", position_ids, b, t)  # [b, t]; negatives fail in check_append
         positions = positions.masked_fill(~mask, 0)  # padding: a placeholder, never cached or counted
         cache.check_append(positions, mask)  # validates before anything changes
         seq_lens = torch.maximum(start, (positions + 1).masked_fill(~mask, 0).max(dim=1).values)  # [b], per row
@@ -241,10 +241,3 @@ class Decoder(nn.Module):
                 fail("attention_mask", f"past columns counting each row's cached tokens {held.tolist()} "
                      f"(or pass only the last {t} columns)", past.tolist())
         return input_ids.long(), mask[:, -t:]
-
-    def _check_positions(self, position_ids: Any, b: int, t: int) -> torch.Tensor:
-        if not isinstance(position_ids, torch.Tensor) or position_ids.dtype.is_floating_point \
-                or position_ids.dtype == torch.bool or position_ids.ndim not in (1, 2) \
-                or position_ids.shape[-1] != t or (position_ids.ndim == 2 and position_ids.shape[0] not in (1, b)):
-            fail("position_ids", f"an integer tensor of shape [{t}] or [{b}, {t}]", position_ids)
-        return position_ids.long().reshape(-1, t).expand(b, t).clone()  # [b, t]
