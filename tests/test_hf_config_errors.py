@@ -79,7 +79,7 @@ CASES = [
     ("longrope-non-numeric", phi3(short_factor=[1.0] * 7 + ["x"]), None, r"short_factor\[7\]: expected a real number, got 'x'"),
     ("longrope-not-list", phi3(short_factor="1.0"), None, r"\['short_factor'\]: expected a list of numbers.*got '1.0'"),
     ("phi3-rejects-linear", cfg(model_type="phi3", rope_scaling={"type": "linear", "factor": 2.0}), None,
-     r"\['rope_type'\]: expected 'default' or 'longrope' .*got 'linear'"),
+     r"\['rope_type'\]: expected one of \('default', 'longrope'\) .*got 'linear'"),
     ("partial-zero", cfg(model_type="phi", partial_rotary_factor=0), None, r"partial_rotary_factor: expected a number in \(0, 1\], got 0"),
     ("partial-1.5", cfg(model_type="stablelm", partial_rotary_factor=1.5), None, r"partial_rotary_factor: expected .*got 1.5"),
     ("partial-string", cfg(model_type="phi", partial_rotary_factor="half"), None, r"partial_rotary_factor: expected .*got 'half'"),

@@ -1,10 +1,14 @@
 """The one adapter that knows transformers' config keys and model-type conventions.
 
-- `posenc.hf.rope`: `rope_from_hf_config(cfg, layer_type=None)` (behind `posenc.Rope.from_hf_config`), the
-  model-type table `MODEL_TYPES`, the rope types `ROPE_TYPES`.
+- `posenc.hf.conventions`: the per-model `Convention` table `MODEL_TYPES` and the shared config readers
+  (`head_dim`, `layer_type_list`, ...).
+- `posenc.hf.rope`: one rope-parameter dict -> `Rope`; the rope types `ROPE_TYPES`.
+- `posenc.hf.layers`: `rope_from_hf_config(cfg, layer_type=None)` (behind `posenc.Rope.from_hf_config`),
+  `layer_ropes` (one Rope or None per layer) and `rope_by_layer_type`.
 - `posenc.hf.facts`: the position scheme, declared lengths, KV-cache size per token, decoder sizes.
 """
 
+from .conventions import MODEL_TYPES, NON_ROPE_MODEL_TYPES, config_to_dict, head_dim, text_config
 from .facts import (
     KVFacts,
     decoder_sizes,
@@ -16,12 +20,16 @@ from .facts import (
     position_scheme,
     scheme_facts,
 )
-from .rope import MODEL_TYPES, NON_ROPE_MODEL_TYPES, ROPE_TYPES, config_to_dict, rope_from_hf_config, text_config
+from .layers import layer_ropes, rope_by_layer_type, rope_from_hf_config
+from .rope import ROPE_TYPES
 
 __all__ = [
     "rope_from_hf_config",
+    "layer_ropes",
+    "rope_by_layer_type",
     "config_to_dict",
     "text_config",
+    "head_dim",
     "MODEL_TYPES",
     "ROPE_TYPES",
     "NON_ROPE_MODEL_TYPES",

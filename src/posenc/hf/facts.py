@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import fail
-from .rope import NON_ROPE_MODEL_TYPES, config_to_dict, positive_int, present_key, text_config
+from .conventions import NON_ROPE_MODEL_TYPES, config_int, config_to_dict, convention, head_dim, layer_type_list, text_config
 
 __all__ = ["KVFacts", "kv_cache_facts", "max_positions", "original_max_positions", "position_scheme",
            "scheme_facts", "decoder_sizes", "layer_types", "layer_windows"]
@@ -28,14 +28,6 @@ def _first(cfg: dict[str, Any], *keys: str) -> Any:
         if cfg.get(key) is not None:
             return cfg[key]
     return None
-
-
-def _positive_int(cfg: dict[str, Any], *keys: str, default: Any = None) -> int:
-    """The first set alias key as a positive integer (`default` when none is set)."""
-    key = present_key(cfg, *keys)
-    if cfg.get(key) is None and default is not None:
-        return positive_int({key: default}, key)
-    return positive_int(cfg, key)
 
 
 def max_positions(config: Any) -> int | None:
@@ -101,24 +93,18 @@ def layer_windows(config: Any, layers: int | None = None) -> tuple[int | None, .
     `sliding_window`, `use_sliding_window`, `layer_types`, Qwen2's `max_window_layers` and Gemma's patterns."""
     cfg = text_config(config_to_dict(config))
     if layers is None:
-        layers = _positive_int(cfg, "num_hidden_layers", "n_layer", "n_layers", "num_layers")
+        layers = config_int(cfg, "num_hidden_layers", "n_layer", "n_layers", "num_layers")
     window = cfg.get("sliding_window")
     if window is None or cfg.get("use_sliding_window") is False:
         return (None,) * layers
     if isinstance(window, bool) or not isinstance(window, int) or window < 1:
         fail("config['sliding_window']", "None or a positive integer", window)
-    types = cfg.get("layer_types")
-    if isinstance(types, list) and len(types) == layers:
+    types = layer_type_list(cfg, layers)  # given, or the config class's pattern (Gemma 2/3, Cohere 2, OLMo 3, gpt-oss)
+    if types is not None and len(types) == layers:
         return tuple(window if t == "sliding_attention" else None for t in types)
-    model_type = cfg.get("model_type")
-    if model_type in ("qwen2", "qwen2_moe", "qwen3", "qwen3_moe") and cfg.get("use_sliding_window"):
+    if cfg.get("model_type") in ("qwen2", "qwen2_moe", "qwen3", "qwen3_moe") and cfg.get("use_sliding_window"):
         first = cfg.get("max_window_layers", 28)  # transformers: layers from max_window_layers on slide
         return tuple(window if i >= first else None for i in range(layers))
-    if model_type == "gemma2":  # even layers slide
-        return tuple(None if i % 2 else window for i in range(layers))
-    if model_type in ("gemma3", "gemma3_text"):  # every `pattern`-th layer is global
-        pattern = cfg.get("sliding_window_pattern", 6)
-        return tuple(None if (i + 1) % pattern == 0 else window for i in range(layers))
     return (window,) * layers
 
 
@@ -137,8 +123,8 @@ def kv_cache_facts(config: Any) -> KVFacts:
     if model_type in ENCODER_ONLY:
         return KVFacts("none", 0, 0, 0, 0, (), (f"{model_type} is encoder-only: it keeps no KV cache",))
     decoder = "num_decoder_layers" if model_type in ("t5", "mt5") else "num_hidden_layers"
-    layers = _positive_int(cfg, decoder, "num_hidden_layers", "n_layer", "n_layers", "num_layers")
-    heads = _positive_int(cfg, "num_attention_heads", "n_head", "n_heads", "num_heads")
+    layers = config_int(cfg, decoder, "num_hidden_layers", "n_layer", "n_layers", "num_layers")
+    heads = config_int(cfg, "num_attention_heads", "n_head", "n_heads", "num_heads")
     windows = layer_windows(cfg, layers)
     notes = []
     if any(w is not None for w in windows):
@@ -152,12 +138,7 @@ def kv_cache_facts(config: Any) -> KVFacts:
                      f" as DeepSeek's own inference code does; a cache of decompressed K and V (transformers'"
                      f" eager DynamicCache) holds {full} numbers per token and layer, {full / (latent + rope):.1f}x more")
         return KVFacts("mla", layers, 1, latent + rope, latent + rope, windows, tuple(notes))
-    hidden = _first(cfg, "hidden_size", "n_embd", "d_model")
-    head_dim = _first(cfg, "head_dim", "d_kv")
-    if head_dim is None:
-        if not isinstance(hidden, int) or hidden % heads:
-            fail("config['hidden_size']", f"a multiple of the {heads} attention heads", hidden)
-        head_dim = hidden // heads
+    width = head_dim(cfg)  # the one derivation of head_dim, with the config classes' defaults
     kv_heads = _first(cfg, "num_key_value_heads", "num_kv_heads", "n_head_kv")
     attn = cfg.get("attn_config") if isinstance(cfg.get("attn_config"), dict) else {}
     if model_type == "falcon" and not cfg.get("new_decoder_architecture"):
@@ -171,7 +152,7 @@ def kv_cache_facts(config: Any) -> KVFacts:
     if model_type in ("t5", "mt5"):
         notes.append("encoder-decoder: decoder self-attention cache only; the cross-attention cache adds the same per"
                      " encoder token")
-    return KVFacts(kind, layers, kv_heads, int(head_dim), 2 * kv_heads * int(head_dim), windows, tuple(notes))
+    return KVFacts(kind, layers, kv_heads, width, 2 * kv_heads * width, windows, tuple(notes))
 
 
 def decoder_sizes(config: Any) -> dict[str, Any]:
@@ -183,21 +164,23 @@ def decoder_sizes(config: Any) -> dict[str, Any]:
     cfg = config_to_dict(config)
     if cfg.get("hidden_act", "silu") != "silu":
         fail("config['hidden_act']", "'silu' (SwiGLU MLP)", cfg.get("hidden_act"))
-    heads = _positive_int(cfg, "num_attention_heads")
+    heads = config_int(cfg, "num_attention_heads")
     sizes: dict[str, Any] = dict(
-        vocab_size=_positive_int(cfg, "vocab_size"), hidden_size=_positive_int(cfg, "hidden_size"),
-        num_layers=_positive_int(cfg, "num_hidden_layers"), num_heads=heads,
-        intermediate_size=_positive_int(cfg, "intermediate_size"),
-        num_kv_heads=_positive_int(cfg, "num_key_value_heads", default=heads),
-        head_dim=_positive_int(cfg, "head_dim") if cfg.get("head_dim") else None)
+        vocab_size=config_int(cfg, "vocab_size"), hidden_size=config_int(cfg, "hidden_size"),
+        num_layers=config_int(cfg, "num_hidden_layers"), num_heads=heads,
+        intermediate_size=config_int(cfg, "intermediate_size"),
+        num_kv_heads=config_int(cfg, "num_key_value_heads", default=heads),
+        head_dim=head_dim(cfg))
     sizes["layer_windows"] = layer_windows(cfg, sizes["num_layers"])
     eps = cfg.get("rms_norm_eps", 1e-6)
     if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not 0 <= eps < 1:
         fail("config['rms_norm_eps']", "a number in [0, 1)", eps)
     sizes["rms_norm_eps"] = float(eps)
-    for key in ("tie_word_embeddings", "attention_bias", "mlp_bias"):
-        value = cfg.get(key, False)
+    conv = convention(cfg)
+    for arg, key in (("tie_word_embeddings", "tie_word_embeddings"), ("mlp_bias", "mlp_bias"),
+                     ("attention_bias", conv.o_bias), ("qkv_bias", conv.qkv_bias)):
+        value = key if isinstance(key, bool) else cfg.get(key, False)  # a family's fixed bias, or its config key
         if not isinstance(value, bool):
             fail(f"config['{key}']", "true or false", value)
-        sizes[key] = value
+        sizes[arg] = value
     return sizes

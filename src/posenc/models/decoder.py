@@ -53,6 +53,7 @@ class Decoder(nn.Module):
         rms_norm_eps, tie_word_embeddings, attention_bias, mlp_bias: as in transformers' Llama.
         layer_windows: per layer, a sliding window (a query at p sees keys at p - W + 1 .. p, as Mistral
             and Qwen2's sliding layers) or None (every earlier key); default None for every layer.
+        qkv_bias: biases on the q/k/v projections (default: attention_bias; Qwen2 has them without an o bias).
     Raises:
         PosencError: non-positive sizes, heads that do not divide, an encoding of the wrong kind or width.
     """
@@ -60,7 +61,8 @@ class Decoder(nn.Module):
     def __init__(self, *, vocab_size: int, hidden_size: int, num_layers: int, num_heads: int, intermediate_size: int,
                  num_kv_heads: int | None = None, head_dim: int | None = None, encoding: Any = None,
                  rms_norm_eps: float = 1e-6, tie_word_embeddings: bool = False, attention_bias: bool = False,
-                 mlp_bias: bool = False, layer_windows: tuple[int | None, ...] | None = None) -> None:
+                 mlp_bias: bool = False, layer_windows: tuple[int | None, ...] | None = None,
+                 qkv_bias: bool | None = None) -> None:
         super().__init__()
         sizes = dict(vocab_size=vocab_size, hidden_size=hidden_size, num_layers=num_layers, num_heads=num_heads,
                      intermediate_size=intermediate_size, num_kv_heads=num_kv_heads or num_heads)
@@ -94,7 +96,8 @@ class Decoder(nn.Module):
         self.embed_tokens = nn.Embedding(vocab_size, hidden_size)
         self.layers = nn.ModuleList(
             DecoderLayer(hidden_size, num_heads, num_kv_heads, head_dim, intermediate_size, rms_norm_eps,
-                         attention_bias, mlp_bias) for _ in range(num_layers))
+                         attention_bias, mlp_bias, attention_bias if qkv_bias is None else qkv_bias)
+            for _ in range(num_layers))
         self.norm = RMSNorm(hidden_size, rms_norm_eps)
         self.lm_head = nn.Linear(hidden_size, vocab_size, bias=False)
         if tie_word_embeddings:
@@ -107,7 +110,7 @@ class Decoder(nn.Module):
         Args:
             config: vocab_size, hidden_size, num_hidden_layers, num_attention_heads, num_key_value_heads,
                 intermediate_size, optional head_dim, rms_norm_eps, tie_word_embeddings, attention_bias,
-                mlp_bias, and any RoPE settings `Rope.from_hf_config` accepts (model_type defaults to "llama").
+                mlp_bias (q/k/v and o biases as the model_type's attention has them: Qwen2's q/k/v), and any RoPE settings `Rope.from_hf_config` accepts (model_type defaults to "llama").
             encoding: override the positional scheme (default: `Rope.from_hf_config(config)`).
             seed: seed for the random weights (default: torch's global generator).
         Returns:

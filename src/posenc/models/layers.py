@@ -61,12 +61,14 @@ class Attention(nn.Module):
     scheme (ALiBi, T5) is handed to `posenc.attention` with the query and slot positions.
     """
 
-    def __init__(self, hidden_size: int, num_heads: int, num_kv_heads: int, head_dim: int, bias: bool = False) -> None:
+    def __init__(self, hidden_size: int, num_heads: int, num_kv_heads: int, head_dim: int, bias: bool = False,
+                 qkv_bias: bool | None = None) -> None:
         super().__init__()
         self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
-        self.q_proj = nn.Linear(hidden_size, num_heads * head_dim, bias=bias)
-        self.k_proj = nn.Linear(hidden_size, num_kv_heads * head_dim, bias=bias)
-        self.v_proj = nn.Linear(hidden_size, num_kv_heads * head_dim, bias=bias)
+        qkv_bias = bias if qkv_bias is None else qkv_bias  # Qwen2: q/k/v biases without an o bias
+        self.q_proj = nn.Linear(hidden_size, num_heads * head_dim, bias=qkv_bias)
+        self.k_proj = nn.Linear(hidden_size, num_kv_heads * head_dim, bias=qkv_bias)
+        self.v_proj = nn.Linear(hidden_size, num_kv_heads * head_dim, bias=qkv_bias)
         self.o_proj = nn.Linear(num_heads * head_dim, hidden_size, bias=bias)
 
     def forward(self, x: torch.Tensor, layer: int, step: dict[str, Any], cache: KVCache) -> torch.Tensor:
@@ -88,10 +90,10 @@ class DecoderLayer(nn.Module):
     """Pre-norm block: `h + attn(norm(h))`, then `h + mlp(norm(h))`."""
 
     def __init__(self, hidden_size: int, num_heads: int, num_kv_heads: int, head_dim: int, intermediate_size: int,
-                 eps: float, attention_bias: bool = False, mlp_bias: bool = False) -> None:
+                 eps: float, attention_bias: bool = False, mlp_bias: bool = False, qkv_bias: bool | None = None) -> None:
         super().__init__()
         self.input_layernorm = RMSNorm(hidden_size, eps)
-        self.self_attn = Attention(hidden_size, num_heads, num_kv_heads, head_dim, attention_bias)
+        self.self_attn = Attention(hidden_size, num_heads, num_kv_heads, head_dim, attention_bias, qkv_bias)
         self.post_attention_layernorm = RMSNorm(hidden_size, eps)
         self.mlp = SwiGLU(hidden_size, intermediate_size, mlp_bias)
 

@@ -1,0 +1,197 @@
+"""Per-model facts of transformers 5.x, in one table, and the config readers every `posenc.hf` module shares.
+
+A model family differs from Llama only in the facts its `Convention` row states: the pairing, the config
+class's defaults (theta, head_dim, partial rotary factor, original length), the key names it reads, which
+layers rotate, and its attention biases. Nothing else in `posenc.hf` branches on `model_type`.
+
+    >>> head_dim({"model_type": "qwen3", "hidden_size": 256, "num_attention_heads": 4})  # Qwen3Config's default
+    128
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+from ..errors import Raw, fail
+
+__all__ = ["Convention", "MODEL_TYPES", "NON_ROPE_MODEL_TYPES", "convention", "config_to_dict", "text_config",
+           "present_key", "config_int", "head_dim", "layer_type_list", "MISSING"]
+
+MISSING = Raw("nothing (key missing)")
+
+
+@dataclass(frozen=True)
+class Convention:
+    """How one model family applies RoPE (and lays out attention) in transformers 5.x."""
+
+    pairing: str = "split_half"
+    default_theta: float = 10000.0
+    theta_key: str = "rope_theta"  # the 4.x top-level key of the base (GPT-NeoX: rotary_emb_base)
+    partial: float | None = None  # default partial_rotary_factor; None: the default rope rotates the whole head
+    partial_key: str = "partial_rotary_factor"  # the top-level key of the factor (GPT-NeoX: rotary_pct)
+    head_dim: int | None = None  # the config class's head_dim when config.json omits it (else hidden / heads)
+    head_dim_key: str | None = "head_dim"  # None: the class derives head_dim, ignoring the key (Falcon)
+    rope_width: tuple[str, int] | None = None  # (key, default) of a rope slice narrower than the head (MLA)
+    rotary_width: tuple[str, int] | None = None  # (key, default) of a fixed rotary width (GPT-J's rotary_dim)
+    fixed_table: bool = False  # GPT-J: base 10000, no scaling, whatever the config says
+    original_max: int | None = None  # a class-level original_max_position_embeddings that wins over the rope dict
+    rope_types: tuple[str, ...] | None = None  # the only rope types the config class accepts (None: all)
+    aliases: tuple[tuple[str, str], ...] = ()  # legacy rope type names the config class renames
+    mrope: bool = False  # Qwen2-VL family: sectioned mrope over [3, b, t] positions (never interleaved)
+    local_theta: tuple[str | None, float] | None = None  # per-layer RoPE: (4.x key, default) of the sliding theta
+    layer_pattern: tuple[str | None, int] | None = None  # (key, default) n: layer i is full iff (i + 1) % n == 0
+    nope: str | None = None  # which layers apply no RoPE: "full", "full_if_windowed" or "no_rope_layers"
+    default_params: tuple[tuple[str, Any], ...] = ()  # the config class's rope parameters when config.json has none
+    qkv_bias: bool | str = "attention_bias"  # q/k/v projection bias: a constant or the config key that sets it
+    o_bias: bool | str = "attention_bias"  # output projection bias: a constant or the config key
+
+
+_LLAMA = Convention()
+_GLM = Convention(pairing="interleaved", partial=0.5, head_dim=128)
+_QWEN2 = Convention(qkv_bias=True, o_bias=False)
+_QWEN_VL = Convention(default_theta=1_000_000.0, mrope=True, aliases=(("mrope", "default"),), qkv_bias=True,
+                      o_bias=False)
+_GEMMA3 = Convention(default_theta=1_000_000.0, head_dim=256, local_theta=("rope_local_base_freq", 10000.0),
+                     layer_pattern=("sliding_window_pattern", 6))
+_DEEPSEEK = dict(rope_width=("qk_rope_head_dim", 64))
+MODEL_TYPES: dict[str, Convention] = {
+    **dict.fromkeys(("llama", "olmo", "olmo2", "starcoder2", "granite", "qwen3_moe"), _LLAMA),
+    **dict.fromkeys(("mistral", "ministral"), Convention(qkv_bias=False, o_bias=False)),
+    "falcon": Convention(head_dim_key=None),
+    "qwen2": _QWEN2,
+    "qwen2_moe": Convention(qkv_bias="qkv_bias", o_bias=False),
+    "mixtral": Convention(default_theta=1_000_000.0, qkv_bias=False, o_bias=False),
+    "qwen3": Convention(head_dim=128),
+    "gemma": Convention(head_dim=256),
+    "gemma2": Convention(head_dim=256, layer_pattern=(None, 2)),
+    "gemma3": _GEMMA3,
+    "gemma3_text": _GEMMA3,
+    # OLMo 3's 4.x rope_theta reaches only the full-attention layers in transformers 5.x (see rope._layer_params)
+    "olmo3": Convention(default_theta=500000.0, local_theta=(None, 500000.0), layer_pattern=(None, 4)),
+    "smollm3": Convention(default_theta=2_000_000.0, nope="no_rope_layers"),
+    "exaone4": Convention(nope="full_if_windowed", layer_pattern=("sliding_window_pattern", 4)),
+    "gpt_oss": Convention(default_theta=150000.0, head_dim=64, layer_pattern=(None, 2), default_params=(
+        ("rope_type", "yarn"), ("factor", 32.0), ("beta_fast", 32.0), ("beta_slow", 1.0), ("truncate", False),
+        ("original_max_position_embeddings", 4096))),
+    "phi": Convention(partial=0.5),
+    "phi3": Convention(partial=1.0, original_max=4096, rope_types=("default", "longrope"),
+                       aliases=(("su", "longrope"), ("yarn", "longrope"))),
+    "stablelm": Convention(partial=0.25),
+    "persimmon": Convention(partial=0.5),
+    "gpt_neox": Convention(partial=0.25, theta_key="rotary_emb_base", partial_key="rotary_pct"),
+    "gptj": Convention(pairing="interleaved", rotary_width=("rotary_dim", 64), fixed_table=True),
+    "cohere": Convention(pairing="interleaved", default_theta=500000.0),
+    "cohere2": Convention(pairing="interleaved", nope="full", layer_pattern=("sliding_window_pattern", 4)),
+    "glm": _GLM,
+    "glm4": _GLM,
+    "deepseek_v2": Convention(pairing="interleaved", **_DEEPSEEK),
+    "deepseek_v3": Convention(pairing="interleaved_to_split_half", **_DEEPSEEK),
+    "qwen2_vl": _QWEN_VL,
+    "qwen2_vl_text": _QWEN_VL,
+    "qwen2_5_vl": _QWEN_VL,
+    "qwen2_5_vl_text": _QWEN_VL,
+}
+
+_ALIBI = "ALiBi (posenc.alibi_slopes / posenc.alibi_bias)"
+_LEARNED = "learned absolute position embeddings"
+_T5 = "T5 relative position buckets (posenc.t5_relative_position_bucket)"
+NON_ROPE_MODEL_TYPES = {
+    **dict.fromkeys(("bloom", "mpt"), _ALIBI),
+    **dict.fromkeys(("t5", "mt5", "umt5", "longt5"), _T5),
+    **dict.fromkeys(("gpt2", "gpt_bigcode", "bert", "roberta", "distilbert", "opt", "gpt_neo", "xlm-roberta"), _LEARNED),
+}
+
+
+def convention(cfg: Mapping[str, Any]) -> Convention:
+    """The table row of `cfg['model_type']` (Llama's for types outside the table)."""
+    return MODEL_TYPES.get(cfg.get("model_type"), _LLAMA)  # type: ignore[arg-type]
+
+
+def config_to_dict(config: Any) -> dict[str, Any]:
+    """A plain dict from a config.json dict or a transformers `PretrainedConfig`."""
+    if isinstance(config, Mapping):
+        return dict(config)
+    to_dict = getattr(config, "to_dict", None)
+    if config is None or not callable(to_dict):
+        fail("config", "a config.json dict or a transformers PretrainedConfig", type(config))
+    out = dict(to_dict())
+    for key in ("head_dim", "rope_parameters", "model_type"):  # properties to_dict() may not serialise
+        if key not in out and getattr(config, key, None) is not None:
+            out[key] = getattr(config, key)
+    return out
+
+
+def text_config(cfg: dict[str, Any]) -> dict[str, Any]:
+    """Vision-language configs keep the language model's facts in `text_config`."""
+    text = cfg.get("text_config")
+    if not (isinstance(text, Mapping) or hasattr(text, "to_dict")):
+        return cfg
+    merged = config_to_dict(text)
+    for key, value in cfg.items():
+        if key != "text_config":
+            merged.setdefault(key, value)
+    if cfg.get("model_type"):
+        merged["model_type"] = cfg["model_type"]
+    return merged
+
+
+def present_key(cfg: Mapping[str, Any], *keys: str) -> str:
+    """The first of several alias keys present in cfg (transformers' attribute_map), else the first name."""
+    return next((k for k in keys if cfg.get(k) is not None), keys[0])
+
+
+def config_int(cfg: Mapping[str, Any], *keys: str, where: str = "config", default: Any = None) -> int:
+    """The first set alias key of `cfg` as a positive integer (`default` when none is set and one is given)."""
+    key = present_key(cfg, *keys)
+    value = cfg.get(key)
+    if value is None and default is not None:
+        value = default
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0 or int(value) != value:
+        fail(f"{where}['{key}']", "a positive integer", value if key in cfg else MISSING)
+    return int(value)
+
+
+def head_dim(cfg: Mapping[str, Any]) -> int:
+    """Channels per attention head, as the model's config class derives them (the one place posenc does).
+
+    `head_dim` when set; the class default when config.json omits the key (Qwen3 128, Gemma 256, GLM 128,
+    gpt-oss 64); else hidden_size / num_attention_heads (also for an explicit null, and always for Falcon).
+    """
+    conv = convention(cfg)
+    key = conv.head_dim_key
+    if key is not None:
+        alias = present_key(cfg, key, "d_kv")  # T5 names it d_kv
+        if cfg.get(alias) is not None:
+            return config_int(cfg, alias)
+        if key not in cfg and conv.head_dim is not None:
+            return conv.head_dim
+    hidden_key = present_key(cfg, "hidden_size", "n_embd", "n_embed", "d_model")
+    heads_key = present_key(cfg, "num_attention_heads", "n_head", "n_heads", "num_heads")
+    hidden, heads = config_int(cfg, hidden_key), config_int(cfg, heads_key)
+    if hidden % heads:
+        fail(f"config['{hidden_key}']", f"a multiple of {heads_key}={heads} (or an explicit head_dim)", hidden)
+    return hidden // heads
+
+
+def layer_type_list(cfg: Mapping[str, Any], layers: int | None = None) -> list[str] | None:
+    """Each layer's attention type: `layer_types` as given, or the config class's default pattern; None if neither.
+
+    Args:
+        cfg: the (text) config dict.
+        layers: the number of layers (default `num_hidden_layers`; None when that key is missing).
+    """
+    types = cfg.get("layer_types")
+    if isinstance(types, (list, tuple)):
+        return list(types)
+    pattern = convention(cfg).layer_pattern
+    if pattern is None:
+        return None
+    if layers is None:
+        if cfg.get("num_hidden_layers") is None:
+            return None
+        layers = config_int(cfg, "num_hidden_layers")
+    key, every = pattern
+    if key is not None and cfg.get(key) is not None:
+        every = config_int(cfg, key)
+    return ["full_attention" if (i + 1) % every == 0 else "sliding_attention" for i in range(layers)]
