@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from ..errors import Raw, fail
+from ..errors import Raw, fail, integer
 
 __all__ = ["Convention", "MODEL_TYPES", "NON_ROPE_MODEL_TYPES", "convention", "config_to_dict", "text_config",
            "present_key", "config_int", "head_dim", "layer_type_list", "MISSING"]
@@ -147,9 +147,9 @@ def config_int(cfg: Mapping[str, Any], *keys: str, where: str = "config", defaul
     value = cfg.get(key)
     if value is None and default is not None:
         value = default
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0 or int(value) != value:
-        fail(f"{where}['{key}']", "a positive integer", value if key in cfg else MISSING)
-    return int(value)
+    if value is None:
+        fail(f"{where}['{key}']", "a positive integer", MISSING if key not in cfg else None)
+    return integer(f"{where}['{key}']", value, min=1)
 
 
 def head_dim(cfg: Mapping[str, Any]) -> int:

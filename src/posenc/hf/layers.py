@@ -58,9 +58,9 @@ def _layer_params(cfg: dict[str, Any], conv: Convention) -> dict[str | None, _Pa
             fail(f"config['{key}']", "a dict of rope parameters or null", value)
     nested = bool(params) and all(k in set(_LAYER_TYPES) | set(cfg.get("layer_types") or []) for k in params)
     if nested:
-        layers = {k: (None if v is None else dict(v), f"rope_parameters['{k}']") for k, v in params.items()}
+        layers = {k: (None if v is None else dict(v), f"config['rope_parameters']['{k}']") for k, v in params.items()}
     elif conv.local_theta is None:
-        return {None: (dict(scaling or params or conv.default_params), "rope_scaling" if scaling else "rope_parameters")}
+        return {None: (dict(scaling or params or conv.default_params), "config['rope_scaling']" if scaling else "config['rope_parameters']")}
     elif params:
         fail("config['rope_parameters']", f"one dict per layer type {list(_LAYER_TYPES)} ({cfg['model_type']} has "
              "per-layer RoPE)", Raw(f"a flat dict with keys {sorted(params)}"))
@@ -71,7 +71,7 @@ def _layer_params(cfg: dict[str, Any], conv: Convention) -> dict[str | None, _Pa
     # Gemma 3 / OLMo 3 (config classes' convert_rope_params_to_dict): 4.x rope_scaling and rope_theta go to the
     # full-attention layers; the sliding layers run the default rope at their own theta.
     key, local_default = conv.local_theta
-    full = layers.get("full_attention", (None, "rope_parameters['full_attention']"))[0] or {"rope_type": "default"}
+    full = layers.get("full_attention", (None, ""))[0] or {"rope_type": "default"}
     top_theta = cfg.get("rope_theta")
     if scaling:
         full = {**full, **scaling}
@@ -81,7 +81,7 @@ def _layer_params(cfg: dict[str, Any], conv: Convention) -> dict[str | None, _Pa
                           "silently run unscaled)", scaling["type"])
     if isinstance(full, dict):
         full.setdefault("rope_theta", conv.default_theta if top_theta is None else top_theta)
-    layers["full_attention"] = (full, "rope_scaling" if scaling else "rope_parameters['full_attention']")
+    layers["full_attention"] = (full, "config['rope_scaling']" if scaling else "config['rope_parameters']['full_attention']")
     sliding = layers.get("sliding_attention", (None, ""))[0] or {"rope_type": "default"}
     if "rope_theta" not in sliding:
         local = cfg.get(key) if key is not None else None
@@ -90,7 +90,7 @@ def _layer_params(cfg: dict[str, Any], conv: Convention) -> dict[str | None, _Pa
             sliding = _error("config['rope_theta']", f"{local_default} or 5.x rope_parameters per layer type for "
                              f"the sliding-window layers of {cfg['model_type']} (transformers 4.x applied rope_theta "
                              f"there too, 5.x applies {local_default}; posenc will not guess)", top_theta)
-    layers["sliding_attention"] = (sliding, "rope_parameters['sliding_attention']")
+    layers["sliding_attention"] = (sliding, "config['rope_parameters']['sliding_attention']")
     return layers
 
 

@@ -8,10 +8,9 @@ are refused with a `PosencError` where transformers only warns.
 
 from __future__ import annotations
 
-import math
 from typing import Any, Mapping
 
-from ..errors import PosencError, Raw, check_positive, fail
+from ..errors import Raw, fail, prefix, real
 from ..rope import scaling as sc
 from ..rope.spec import Rope
 from .conventions import MISSING, Convention, config_int, head_dim, present_key
@@ -73,92 +72,74 @@ def _check_keys(params: Mapping[str, Any], rope_type: str, where: str) -> None:
 
 
 def _rotary_dim(cfg: Mapping[str, Any], params: Mapping[str, Any], rope_type: str, conv: Convention,
-                width: int) -> int:
+                width: int, where: str) -> int:
     if conv.rotary_width is not None:  # a fixed rotary width (GPT-J's rotary_dim)
         key, default = conv.rotary_width
         if key in cfg and cfg[key] is None:
             fail(f"config['{key}']", "an integer (GPT-J with rotary_dim=null rotates hidden_size channels)", None)
         return config_int(cfg, key, default=default)
-    factor = params.get("partial_rotary_factor", cfg.get(conv.partial_key, conv.partial))
-    where = "partial_rotary_factor"
+    if "partial_rotary_factor" in params:
+        factor, arg = params["partial_rotary_factor"], f"{where}['partial_rotary_factor']"
+    else:
+        factor, arg = cfg.get(conv.partial_key, conv.partial), f"config['{conv.partial_key}']"
     if factor is None:
         return width
-    if isinstance(factor, bool) or not isinstance(factor, (int, float)) or not 0 < factor <= 1:
-        fail(where, "a number in (0, 1]", factor)
+    factor = real(arg, factor, gt=0.0, le=1.0)
     if conv.partial is None and rope_type == "default":
         return width  # this family's default rope ignores partial_rotary_factor
     rotary = int(width * factor)  # transformers truncates
     if conv.partial is None and rotary != width:
-        fail(where, f"1.0 for {cfg.get('model_type')} with rope_type {rope_type!r} (the model rotates the whole "
+        fail(arg, f"1.0 for {cfg.get('model_type')} with rope_type {rope_type!r} (the model rotates the whole "
              f"head, so transformers would fail on a shorter table)", factor)
     if rotary % 2 or rotary == 0:
-        fail(where, f"a fraction giving an even, non-zero rotary width of head_dim={width}", Raw(f"{factor} -> {rotary}"))
+        fail(arg, f"a fraction giving an even, non-zero rotary width of head_dim={width}", Raw(f"{factor} -> {rotary}"))
     return rotary
 
 
 def _original_max(cfg: Mapping[str, Any], p: Mapping[str, Any], conv: Convention, where: str) -> int:
     """L0 as transformers reads it: a top-level value wins over the dict's, then max_position_embeddings."""
-    top = cfg.get("original_max_position_embeddings")
-    if top is None and conv.original_max is not None:
-        top = conv.original_max  # Phi3Config's class attribute (4096): set even when config.json omits it
-    if top is not None:
-        l0 = config_int({"original_max_position_embeddings": top}, "original_max_position_embeddings")
-        inner = p.get("original_max_position_embeddings")
+    key = "original_max_position_embeddings"
+    if cfg.get(key) is not None or conv.original_max is not None:
+        # Phi3Config's class attribute (4096) is set even when config.json omits the key
+        l0 = config_int(cfg, key, default=conv.original_max)
+        inner = p.get(key)
         if conv.original_max is not None and inner is not None and inner != l0:
-            fail(f"{where}['original_max_position_embeddings']",
-                 f"{l0}, the top-level original_max_position_embeddings (this model reads only that one, default "
+            fail(f"{where}['{key}']", f"{l0}, the top-level {key} (this model reads only that one, default "
                  f"{conv.original_max}; transformers ignores the value inside the rope dict)", inner)
         return l0
-    if p.get("original_max_position_embeddings") is not None:
-        return config_int(p, "original_max_position_embeddings", where=where)
+    if p.get(key) is not None:
+        return config_int(p, key, where=where)
     return config_int(cfg, "max_position_embeddings", "n_positions")
 
 
 def _scaling(rope_type: str, p: Mapping[str, Any], cfg: Mapping[str, Any], conv: Convention, where: str) -> sc.Scaling:
-    def number(key: str, default: Any = None) -> float:
-        value = p.get(key, default)
-        if value is None:
-            fail(f"{where}['{key}']", "a number", MISSING)
-        return check_positive(f"{where}['{key}']", value)
-
-    def max_pos() -> int:
-        return config_int(cfg, "max_position_embeddings", "n_positions")
-
+    """The scaling rule of one rope dict; the rule's own checks run, re-raised under the dict's path."""
     if rope_type == "default":
         return sc.Default()
-    if rope_type == "linear":
-        return sc.Linear(number("factor"))
-    if rope_type == "dynamic":
-        return sc.DynamicNTK(number("factor"), max_pos())
-    if rope_type == "llama3":
-        low, high = number("low_freq_factor"), number("high_freq_factor")
-        if low >= high:
-            fail(f"{where}['low_freq_factor']", f"a value below high_freq_factor={high}", low)
-        return sc.Llama3(factor=number("factor"), low_freq_factor=low, high_freq_factor=high,
-                         original_max_positions=_original_max(cfg, p, conv, where))
-    l0 = _original_max(cfg, p, conv, where)
-    factor = max_pos() / l0 if p.get("factor") is None else number("factor")  # transformers' default factor
-    if rope_type == "yarn":
-        truncate = p.get("truncate", True)
-        if not isinstance(truncate, bool):
-            fail(f"{where}['truncate']", "true or false", truncate)
-        opt = {k: (None if p.get(k) is None else check_positive(f"{where}['{k}']", p[k], allow_zero=True))
-               for k in ("mscale", "mscale_all_dim")}
-        beta_fast = number("beta_fast") if p.get("beta_fast") else 32.0  # transformers: `or 32`, so 0 means unset
-        beta_slow = number("beta_slow") if p.get("beta_slow") else 1.0
-        if beta_fast <= beta_slow:
-            fail(f"{where}['beta_fast']", f"a value greater than beta_slow={beta_slow}", beta_fast)
-        attention = None if p.get("attention_factor") is None else number("attention_factor")
-        return sc.YaRN(factor=factor, original_max_positions=l0, beta_fast=beta_fast, beta_slow=beta_slow,
-                       attention_factor=attention, truncate=truncate, **opt)
-    attention = p.get("attention_factor")  # longrope
-    if attention is None:
-        attention = sc.LongRoPE.default_attention_factor(factor, l0)
-    for key in ("short_factor", "long_factor"):
-        if not isinstance(p[key], (list, tuple)):
-            fail(f"{where}['{key}']", "a list of numbers, one per rotation pair", p[key])
-    return sc.LongRoPE(short_factor=tuple(p["short_factor"]), long_factor=tuple(p["long_factor"]),
-                       original_max_positions=l0, attention_factor=check_positive(f"{where}['attention_factor']", attention))
+    if rope_type in ("dynamic", "yarn", "longrope"):  # top-level keys first, outside the dict's path
+        max_pos = config_int(cfg, "max_position_embeddings", "n_positions")
+    if rope_type in ("yarn", "longrope", "llama3"):
+        l0 = _original_max(cfg, p, conv, where)
+    with prefix(where, rename={"original_max_positions": "original_max_position_embeddings"}):
+        if rope_type == "linear":
+            return sc.Linear(p["factor"])
+        if rope_type == "dynamic":
+            return sc.DynamicNTK(p["factor"], max_pos)
+        if rope_type == "llama3":
+            return sc.Llama3(factor=p["factor"], low_freq_factor=p["low_freq_factor"],
+                             high_freq_factor=p["high_freq_factor"], original_max_positions=l0)
+        # transformers' default factor is max_position_embeddings / L0
+        factor = max_pos / l0 if p.get("factor") is None else real("factor", p["factor"], gt=0.0)
+        if rope_type == "yarn":  # transformers reads beta_fast `or 32`, beta_slow `or 1`: 0 means unset
+            return sc.YaRN(factor=factor, original_max_positions=l0, beta_fast=p.get("beta_fast") or 32.0,
+                           beta_slow=p.get("beta_slow") or 1.0, mscale=p.get("mscale"),
+                           mscale_all_dim=p.get("mscale_all_dim"), attention_factor=p.get("attention_factor"),
+                           truncate=p.get("truncate", True))
+        attention = p.get("attention_factor")  # longrope
+        if attention is None:
+            attention = sc.LongRoPE.default_attention_factor(factor, l0)
+        return sc.LongRoPE(short_factor=p["short_factor"], long_factor=p["long_factor"], original_max_positions=l0,
+                           attention_factor=attention)
 
 
 def build_rope(cfg: dict[str, Any], conv: Convention, params: Mapping[str, Any], where: str) -> Rope:
@@ -171,8 +152,7 @@ def build_rope(cfg: dict[str, Any], conv: Convention, params: Mapping[str, Any],
     if base is None:
         base, where_theta = cfg.get(conv.theta_key), f"config['{conv.theta_key}']"
         base = conv.default_theta if base is None else base
-    if isinstance(base, bool) or not isinstance(base, (int, float)) or not math.isfinite(base) or base <= 0:
-        fail(where_theta, "a finite number > 0", base)
+    base = real(where_theta, base, gt=0.0)
     if base == 1:
         fail(where_theta, "a number other than 1 (every frequency would be 1)", base)
     if conv.rope_width is not None:  # MLA: RoPE runs on a narrower slice of each head
@@ -182,7 +162,7 @@ def build_rope(cfg: dict[str, Any], conv: Convention, params: Mapping[str, Any],
         width = head_dim(cfg)
     if width % 2:
         fail("head_dim", "an even number of channels (RoPE rotates pairs)", width)
-    rotary = _rotary_dim(cfg, params, rope_type, conv, width)
+    rotary = _rotary_dim(cfg, params, rope_type, conv, width, where)
     scaling = _scaling(rope_type, params, cfg, conv, where)
     pairing = conv.pairing
     if pairing == "interleaved_to_split_half" and cfg.get("rope_interleave", True) is False:
@@ -195,8 +175,6 @@ def build_rope(cfg: dict[str, Any], conv: Convention, params: Mapping[str, Any],
     softmax = 1.0
     if conv.rope_width is not None and isinstance(scaling, sc.YaRN):  # DeepSeek's softmax mscale
         softmax = scaling.softmax_scale_factor()
-    try:
-        return Rope(head_dim=width, rotary_dim=rotary, base=float(base), scaling=scaling, pairing=pairing,
+    with prefix(where):  # head_dim, rotary_dim and base are checked above: what fails here is the dict's
+        return Rope(head_dim=width, rotary_dim=rotary, base=base, scaling=scaling, pairing=pairing,
                     mrope_section=None if section is None else tuple(section), softmax_scale_factor=softmax)
-    except PosencError as e:
-        raise PosencError(f"{cfg.get('model_type')} config: {e}") from None
