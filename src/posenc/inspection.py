@@ -189,23 +189,20 @@ def rope_facts(rope: Rope, original: int, target: int) -> dict[str, Any]:
 
 
 def _ropes(cfg: dict[str, Any]) -> list[tuple[str, Rope]]:
-    """`[(layers it applies to, Rope)]`: one entry, or one per layer type when they differ (Gemma 3)."""
-    types = hf.layer_types(cfg)
+    """`[(layers it applies to, Rope)]`: one entry, or one per layer type when they differ (Gemma 3); layer types
+    and single layers without RoPE (Cohere 2's global layers, SmolLM3's NoPE layers) are left out of the labels."""
+    every = hf.rope_by_layer_type(cfg)
+    by_type = {t: r for t, r in every.items() if r is not None}
     try:
-        single = Rope.from_hf_config(cfg)
-    except PosencError as e:
-        if not str(e).startswith("layer_type:"):
-            raise
-        types = types or ["sliding_attention", "full_attention"]
-        single = None
-    if isinstance(types, list) and len(set(types)) > 1:
-        per_type = [(t, Rope.from_hf_config(cfg, layer_type=t)) for t in dict.fromkeys(types)]  # first-seen order
-        if any(rope != per_type[0][1] for _, rope in per_type):
-            return [(f"{t} layers", rope) for t, rope in per_type]
-        single = per_type[0][1]
-    if single is None:
-        single = Rope.from_hf_config(cfg, layer_type=types[0])
-    return [("all layers", single)]
+        without = [i for i, r in enumerate(hf.layer_ropes(cfg)) if r is None]
+    except PosencError:  # no layer count: per layer type only
+        without = []
+    uniform = len(set(by_type.values())) == 1 and len(by_type) == len(every)
+    entries = [("all layers", next(iter(by_type.values())))] if uniform else [
+        (f"{t} layers", r) for t, r in by_type.items()]
+    if without and uniform:
+        entries = [(f"all layers but {without} (no RoPE)", entries[0][1])]
+    return entries
 
 
 def inspect_model(

@@ -80,7 +80,7 @@ MODEL_TYPES: dict[str, Convention] = {
     "stablelm": Convention(partial=0.25),
     "persimmon": Convention(partial=0.5),
     "gpt_neox": Convention(partial=0.25, theta_key="rotary_emb_base", partial_key="rotary_pct"),
-    "gptj": Convention(pairing="interleaved", rotary_width=("rotary_dim", 64), fixed_table=True),
+    "gptj": Convention(pairing="interleaved", rotary_width=("rotary_dim", 64), fixed_table=True, rope_types=("default",)),
     "cohere": Convention(pairing="interleaved", default_theta=500000.0),
     "cohere2": Convention(pairing="interleaved", nope="full", layer_pattern=("sliding_window_pattern", 4)),
     "glm": _GLM,
@@ -171,6 +171,9 @@ def head_dim(cfg: Mapping[str, Any]) -> int:
     hidden, heads = config_int(cfg, hidden_key), config_int(cfg, heads_key)
     if hidden % heads:
         fail(f"config['{hidden_key}']", f"a multiple of {heads_key}={heads} (or an explicit head_dim)", hidden)
+    if key is None and cfg.get("head_dim") not in (None, hidden // heads):  # Falcon: a property, not a setting
+        fail("config['head_dim']", f"{hidden_key} / {heads_key} = {hidden // heads} or no key ({cfg['model_type']} "
+             "derives head_dim: transformers refuses the key)", cfg["head_dim"])
     return hidden // heads
 
 

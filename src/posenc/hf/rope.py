@@ -53,7 +53,7 @@ def rope_type_of(params: Mapping[str, Any], where: str, conv: Convention) -> str
     if name not in _KEYS:
         fail(f"{where}['rope_type']", f"one of the known rope types {ROPE_TYPES}", raw[0] or raw[1])
     if conv.rope_types is not None and name not in conv.rope_types:
-        fail(f"{where}['rope_type']", f"one of {conv.rope_types} (the only ones this model accepts)", name)
+        fail(f"{where}['rope_type']", f"one of {conv.rope_types} (the only ones this model accepts or applies)", name)
     return name
 
 
@@ -145,9 +145,12 @@ def _scaling(rope_type: str, p: Mapping[str, Any], cfg: Mapping[str, Any], conv:
 def build_rope(cfg: dict[str, Any], conv: Convention, params: Mapping[str, Any], where: str) -> Rope:
     """The `Rope` of one rope-parameter dict `params` (found at `where`) of the text config `cfg`."""
     rope_type = rope_type_of(params, where, conv)
-    if conv.fixed_table:  # GPT-J's table is hard-wired: base 10000, no scaling
-        params, rope_type = {"rope_theta": 10000.0}, "default"
     _check_keys(params, rope_type, where)
+    if conv.fixed_table:  # GPT-J's table is hard-wired: base 10000, unscaled (rope_types refuses any scaling)
+        theta = params.get("rope_theta", cfg.get(conv.theta_key))
+        if theta not in (None, conv.default_theta):
+            fail(f"config['{conv.theta_key}']", f"{conv.default_theta} or no key ({cfg['model_type']}'s table is "
+                 "fixed: transformers ignores the key)", theta)
     base, where_theta = params.get("rope_theta"), f"{where}['rope_theta']"
     if base is None:
         base, where_theta = cfg.get(conv.theta_key), f"config['{conv.theta_key}']"
