@@ -106,6 +106,12 @@ CASES = [
     ("gemma3-bad-layer-type", cfg(model_type="gemma3_text", head_dim=16), "global", r"layer_type: expected one of .*got 'global'"),
     ("layer-type-not-str", cfg(), 3, r"layer_type: expected a layer type name .*got 3"),
     ("layer-type-unknown", cfg(), "chunked_attention", r"layer_type: expected one of .*got 'chunked_attention'"),
+    ("gptj-scaling-ignored", cfg(model_type="gptj", rotary_dim=8, rope_scaling={"type": "linear", "factor": 2.0}), None,
+     r"config\['rope_scaling'\]\['rope_type'\]: expected one of \('default',\) .*got 'linear'"),
+    ("gptj-theta-ignored", cfg(model_type="gptj", rotary_dim=8, rope_theta=5e5), None,
+     r"config\['rope_theta'\]: expected 10000.0 or no key \(gptj's table is fixed.*got 500000.0"),
+    ("falcon-head-dim", cfg(model_type="falcon", head_dim=8), None,
+     r"config\['head_dim'\]: expected hidden_size / num_attention_heads = 16 or no key .*got 8"),
     ("cohere2-nope-layer", cfg(model_type="cohere2", num_hidden_layers=4), "full_attention",
      r"layer_type: expected a layer type that uses RoPE \(cohere2 full_attention layers use no positional encoding\)"),
 ]

@@ -219,10 +219,25 @@ def test_kv_facts_of_qwen3_and_gemma_without_head_dim():
     small("gemma3_text", head_dim=16, num_hidden_layers=5, sliding_window=3, sliding_window_pattern=2),
     small("cohere2", num_hidden_layers=9, sliding_window=3),
     small("olmo3", num_hidden_layers=9, sliding_window=3),
-    small("gpt_oss", head_dim=16, num_hidden_layers=5, sliding_window=3)],
-    ids=lambda c: f"{c['model_type']}-{c['num_hidden_layers']}")
-def test_layer_windows_follow_the_config_class_pattern(cfg):
-    """Which layers slide when config.json has no `layer_types` (Gemma 2: layers 0, 2, 4; not 1, 3)."""
-    types = hf_config(cfg).layer_types  # transformers' config class fills the pattern
-    assert layer_windows(cfg) == tuple(3 if t == "sliding_attention" else None for t in types)
-    assert layer_windows(cfg)[0] == 3 and layer_windows(cfg)[-1 if len(types) % 2 else -2] is not None
+    small("gpt_oss", head_dim=16, num_hidden_layers=5, sliding_window=3),
+    small("qwen2", num_hidden_layers=5, sliding_window=3, use_sliding_window=True, max_window_layers=2),
+    small("qwen2", num_hidden_layers=5, sliding_window=3),  # use_sliding_window defaults to false: no window
+    small("qwen3", num_hidden_layers=5, sliding_window=3, use_sliding_window=True, max_window_layers=3),
+    small("qwen2_moe", num_hidden_layers=7, sliding_window=3, use_sliding_window=True, max_window_layers=5),
+    small("qwen3_moe", num_hidden_layers=3, sliding_window=3, use_sliding_window=True),
+    small("mistral", num_hidden_layers=3, sliding_window=3)],
+    ids=lambda c: f"{c['model_type']}-{c['num_hidden_layers']}-{c.get('use_sliding_window')}")
+def test_layer_windows_follow_the_config_class(cfg):
+    """Which layers slide when config.json has no `layer_types`, as transformers' config class decides."""
+    config = hf_config(cfg)
+    types = getattr(config, "layer_types", None)
+    if types is None:  # every layer takes config.sliding_window (Qwen3-MoE, Mistral)
+        want = (config.sliding_window,) * cfg["num_hidden_layers"]
+    else:
+        want = tuple(config.sliding_window if t == "sliding_attention" else None for t in types)
+    assert layer_windows(cfg) == want
+    assert layer_windows(config) == want
+
+
+def test_gemma2_even_layers_slide():
+    assert layer_windows(small("gemma2", head_dim=16, num_hidden_layers=5, sliding_window=3)) == (3, None, 3, None, 3)

@@ -41,6 +41,10 @@ class Convention:
     mrope: bool = False  # Qwen2-VL family: sectioned mrope over [3, b, t] positions (never interleaved)
     local_theta: tuple[str | None, float] | None = None  # per-layer RoPE: (4.x key, default) of the sliding theta
     layer_pattern: tuple[str | None, int] | None = None  # (key, default) n: layer i is full iff (i + 1) % n == 0
+    window_layers: str | None = None  # Qwen families: which layers slide once use_sliding_window is true, see
+    # layer_type_list: "from_max_window_layers", "even_below_max_window_layers" or "all"
+    alibi_key: str | None = None  # a flag that replaces RoPE by ALiBi (Falcon's `alibi`)
+    legacy_multi_query: bool = False  # Falcon: one KV head when multi_query (default), unless new_decoder_architecture
     nope: str | None = None  # which layers apply no RoPE: "full", "full_if_windowed" or "no_rope_layers"
     default_params: tuple[tuple[str, Any], ...] = ()  # the config class's rope parameters when config.json has none
     qkv_bias: bool | str = "attention_bias"  # q/k/v projection bias: a constant or the config key that sets it
@@ -49,20 +53,21 @@ class Convention:
 
 _LLAMA = Convention()
 _GLM = Convention(pairing="interleaved", partial=0.5, head_dim=128)
-_QWEN2 = Convention(qkv_bias=True, o_bias=False)
+_QWEN2 = Convention(qkv_bias=True, o_bias=False, window_layers="from_max_window_layers")
 _QWEN_VL = Convention(default_theta=1_000_000.0, mrope=True, aliases=(("mrope", "default"),), qkv_bias=True,
-                      o_bias=False)
+                      o_bias=False, window_layers="from_max_window_layers")
 _GEMMA3 = Convention(default_theta=1_000_000.0, head_dim=256, local_theta=("rope_local_base_freq", 10000.0),
                      layer_pattern=("sliding_window_pattern", 6))
 _DEEPSEEK = dict(rope_width=("qk_rope_head_dim", 64))
 MODEL_TYPES: dict[str, Convention] = {
-    **dict.fromkeys(("llama", "olmo", "olmo2", "starcoder2", "granite", "qwen3_moe"), _LLAMA),
+    **dict.fromkeys(("llama", "olmo", "olmo2", "starcoder2", "granite"), _LLAMA),
+    "qwen3_moe": Convention(window_layers="all"),
     **dict.fromkeys(("mistral", "ministral"), Convention(qkv_bias=False, o_bias=False)),
-    "falcon": Convention(head_dim_key=None),
+    "falcon": Convention(head_dim_key=None, alibi_key="alibi", legacy_multi_query=True),
     "qwen2": _QWEN2,
-    "qwen2_moe": Convention(qkv_bias="qkv_bias", o_bias=False),
+    "qwen2_moe": Convention(qkv_bias="qkv_bias", o_bias=False, window_layers="even_below_max_window_layers"),
     "mixtral": Convention(default_theta=1_000_000.0, qkv_bias=False, o_bias=False),
-    "qwen3": Convention(head_dim=128),
+    "qwen3": Convention(head_dim=128, window_layers="from_max_window_layers"),
     "gemma": Convention(head_dim=256),
     "gemma2": Convention(head_dim=256, layer_pattern=(None, 2)),
     "gemma3": _GEMMA3,
@@ -187,14 +192,21 @@ def layer_type_list(cfg: Mapping[str, Any], layers: int | None = None) -> list[s
     types = cfg.get("layer_types")
     if isinstance(types, (list, tuple)):
         return list(types)
-    pattern = convention(cfg).layer_pattern
-    if pattern is None:
+    conv = convention(cfg)
+    if conv.layer_pattern is None and conv.window_layers is None:
         return None
     if layers is None:
         if cfg.get("num_hidden_layers") is None:
             return None
         layers = config_int(cfg, "num_hidden_layers")
-    key, every = pattern
-    if key is not None and cfg.get(key) is not None:
-        every = config_int(cfg, key)
-    return ["full_attention" if (i + 1) % every == 0 else "sliding_attention" for i in range(layers)]
+    if conv.layer_pattern is not None:
+        key, every = conv.layer_pattern
+        if key is not None and cfg.get(key) is not None:
+            every = config_int(cfg, key)
+        return ["full_attention" if (i + 1) % every == 0 else "sliding_attention" for i in range(layers)]
+    # Qwen: nothing slides unless use_sliding_window (default false) and a window are set
+    enabled = cfg.get("use_sliding_window") is True and cfg.get("sliding_window") is not None
+    first = config_int(cfg, "max_window_layers", default=28) if conv.window_layers != "all" else 0
+    slides = {"all": lambda i: True, "from_max_window_layers": lambda i: i >= first,
+              "even_below_max_window_layers": lambda i: i % 2 == 0 and i < first}[conv.window_layers]
+    return ["sliding_attention" if enabled and slides(i) else "full_attention" for i in range(layers)]

@@ -54,7 +54,8 @@ def position_scheme(config: Any) -> str:
     cfg = text_config(config_to_dict(config))
     model_type = cfg.get("model_type")
     attn = cfg.get("attn_config") if isinstance(cfg.get("attn_config"), dict) else {}
-    if (model_type == "falcon" and cfg.get("alibi")) or attn.get("alibi"):
+    alibi_key = convention(cfg).alibi_key
+    if (alibi_key is not None and cfg.get(alibi_key)) or attn.get("alibi"):
         return "alibi"
     if model_type in NON_ROPE_MODEL_TYPES:
         text = NON_ROPE_MODEL_TYPES[model_type]
@@ -99,12 +100,9 @@ def layer_windows(config: Any, layers: int | None = None) -> tuple[int | None, .
         return (None,) * layers
     if isinstance(window, bool) or not isinstance(window, int) or window < 1:
         fail("config['sliding_window']", "None or a positive integer", window)
-    types = layer_type_list(cfg, layers)  # given, or the config class's pattern (Gemma 2/3, Cohere 2, OLMo 3, gpt-oss)
+    types = layer_type_list(cfg, layers)  # given, or the config class's rule (Gemma 2/3, Cohere 2, OLMo 3, Qwen, ...)
     if types is not None and len(types) == layers:
         return tuple(window if t == "sliding_attention" else None for t in types)
-    if cfg.get("model_type") in ("qwen2", "qwen2_moe", "qwen3", "qwen3_moe") and cfg.get("use_sliding_window"):
-        first = cfg.get("max_window_layers", 28)  # transformers: layers from max_window_layers on slide
-        return tuple(window if i >= first else None for i in range(layers))
     return (window,) * layers
 
 
@@ -141,7 +139,7 @@ def kv_cache_facts(config: Any) -> KVFacts:
     width = head_dim(cfg)  # the one derivation of head_dim, with the config classes' defaults
     kv_heads = _first(cfg, "num_key_value_heads", "num_kv_heads", "n_head_kv")
     attn = cfg.get("attn_config") if isinstance(cfg.get("attn_config"), dict) else {}
-    if model_type == "falcon" and not cfg.get("new_decoder_architecture"):
+    if convention(cfg).legacy_multi_query and not cfg.get("new_decoder_architecture"):
         kv_heads = 1 if cfg.get("multi_query", True) else heads
     elif attn.get("attn_type") == "multiquery_attention":
         kv_heads = 1

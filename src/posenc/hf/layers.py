@@ -37,9 +37,11 @@ def _text(config: Any) -> tuple[dict[str, Any], Convention]:
     if model_type not in MODEL_TYPES:
         got = MISSING if model_type is None else model_type
         fail("config['model_type']", f"one of the known RoPE model types {sorted(MODEL_TYPES)}", got)
-    if model_type == "falcon" and cfg.get("alibi"):
-        fail("config['alibi']", "false (this Falcon config uses ALiBi, not RoPE: see posenc.alibi_slopes)", True)
-    return cfg, MODEL_TYPES[model_type]
+    conv = MODEL_TYPES[model_type]
+    if conv.alibi_key is not None and cfg.get(conv.alibi_key):
+        fail(f"config['{conv.alibi_key}']", "false (this config uses ALiBi, not RoPE: see posenc.alibi_slopes)",
+             cfg[conv.alibi_key])
+    return cfg, conv
 
 
 def _error(arg: str, expected: str, got: Any) -> PosencError:
