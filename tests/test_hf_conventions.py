@@ -134,7 +134,8 @@ def _transformers_layers(cfg):
     small("smollm3", num_hidden_layers=9), small("smollm3", num_hidden_layers=6, no_rope_layer_interval=3),
     small("cohere2", num_hidden_layers=5), small("exaone4", num_hidden_layers=5),
     small("exaone4", num_hidden_layers=3, sliding_window=None, layer_types=["full_attention"] * 3),
-    small("gemma3_text", head_dim=16, num_hidden_layers=7), small("olmo3", num_hidden_layers=5)],
+    small("gemma3_text", head_dim=16, num_hidden_layers=7), small("olmo3", num_hidden_layers=5),
+    small("cohere2", num_hidden_layers=3, sliding_window=None)],  # no window: no layer of Cohere 2 rotates
     ids=lambda c: f"{c['model_type']}-{c['num_hidden_layers']}")
 def test_layer_ropes_follow_transformers_modules(cfg):
     """One entry per layer: None exactly where transformers' attention applies no rotary embedding; the rest
@@ -146,6 +147,11 @@ def test_layer_ropes_follow_transformers_modules(cfg):
         if rotates:
             assert_parity(cfg, rope, torch.tensor([0, 5, 3000]), layer_type)
     assert layer_ropes(hf_config(cfg)) == ropes
+
+
+def test_cohere2_without_window_has_no_rope():
+    with pytest.raises(PosencError, match=r"config: expected a model that applies RoPE somewhere .*got sliding_window=None"):
+        posenc.Rope.from_hf_config(small("cohere2", sliding_window=None))
 
 
 def test_smollm3_nope_layers_refused_without_a_choice():
@@ -173,6 +179,17 @@ def test_legacy_type_key_of_per_layer_models(model_type):
     full = posenc.Rope.from_hf_config(modern, layer_type="full_attention")
     assert full.scaling == posenc.Linear(4.0)
     assert_parity(modern, full, torch.tensor([0, 9, 2000]), "full_attention")
+
+
+# ------------------------------------------------------------------ YaRN's `or` defaults
+@pytest.mark.parametrize("source", ["dict", "object"])
+def test_yarn_zero_betas_mean_the_defaults(source):
+    """transformers reads `beta_fast or 32`, `beta_slow or 1`: an explicit 0 is the default, not a zero."""
+    cfg = small("llama", rope_scaling={"rope_type": "yarn", "factor": 8.0, "original_max_position_embeddings": 512,
+                                       "beta_fast": 0, "beta_slow": 0})
+    rope = posenc.Rope.from_hf_config(cfg if source == "dict" else hf_config(cfg))
+    assert (rope.scaling.beta_fast, rope.scaling.beta_slow) == (32.0, 1.0)
+    assert_parity(cfg, rope, torch.tensor([0, 100, 4000]))
 
 
 # ------------------------------------------------------------------ Qwen2-VL: never interleaved

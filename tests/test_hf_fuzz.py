@@ -26,7 +26,7 @@ from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 import posenc  # noqa: E402
-from hf_oracle import _modeling, _rotary_class, _text, hf_config  # noqa: E402
+from hf_oracle import _modeling, _rotary_class, _text, hf_apply, hf_config  # noqa: E402
 from posenc import PosencError  # noqa: E402
 
 # posenc refuses, transformers accepts (it warns, or computes a table its attention then cannot apply)
@@ -205,6 +205,11 @@ def run(cfg, layer_type, pos):
             torch.testing.assert_close(got, expected, atol=TOL[torch.float32][0], rtol=TOL[torch.float32][1])
         else:
             assert torch.equal(got, expected), f"{name}: max diff {(got - expected).abs().max()} for {cfg} at {pos}"
+    gen = torch.Generator().manual_seed(0)  # the rotation too: pairing, partial width, DeepSeek's layouts
+    q = torch.randn(pos.shape[-2], 2, pos.shape[-1], rope.head_dim, generator=gen)  # [b, hq, t, d]
+    k = torch.randn(pos.shape[-2], 1, pos.shape[-1], rope.head_dim, generator=gen)  # [b, hk, t, d]
+    for got, expected in zip(rope.apply(q, k, pos), hf_apply(config, q, k, pos, layer_type)):
+        torch.testing.assert_close(got, expected, atol=TOL[torch.float32][0], rtol=TOL[torch.float32][1])
     return "equal"
 
 
