@@ -154,3 +154,15 @@ def test_prefix_lets_other_errors_and_success_through():
     with pytest.raises(KeyError, match="k"):
         with prefix("config"):
             raise KeyError("k")
+
+
+def test_rename_reports_the_callers_argument():
+    from posenc.errors import rename
+
+    with pytest.raises(PosencError, match=r"^position_ids: expected x, got 1$") as info:
+        with rename({"positions": "position_ids"}):
+            fail("positions", "x", 1)
+    assert info.value.arg == "position_ids"
+    with pytest.raises(PosencError, match=r"^mask: expected x, got 1$"):
+        with rename({"positions": "position_ids"}):
+            fail("mask", "x", 1)
