@@ -291,7 +291,8 @@ def batch_positions(arg: str, x: Any, batch: int, tokens: int, *, allow_negative
         fail(arg, f"shape [{tokens}] or [b, {tokens}]", x)
     if x.ndim == 2 and x.shape[0] not in (1, batch):
         fail(arg, f"batch size 1 or {batch}", x)
-    return x.long().reshape(-1, tokens).expand(batch, tokens).contiguous()  # [b, t]
+    x = x.long()
+    return (x[None] if x.ndim == 1 else x).expand(batch, tokens).contiguous()  # [b, t]
 
 
 def check_float_tensor(arg: str, x: Any, *, ndim: tuple[int, ...] | None = None) -> torch.Tensor:
