@@ -34,7 +34,7 @@ from torch import nn
 
 from ..attention import encoding_kind
 from ..cache import KVCache
-from ..errors import batch_positions, fail, integer, rename
+from ..errors import batch_positions, fail, integer, integer_tensor, rename
 from ..rope.spec import Rope
 from .layers import DecoderLayer, RMSNorm, Step
 
@@ -225,10 +225,10 @@ class Decoder(nn.Module):
 
     # ---------------------------------------------------------------- checks
     def _check_inputs(self, input_ids: Any, attention_mask: Any, cache: Any) -> tuple[torch.Tensor, torch.Tensor]:
-        if not isinstance(input_ids, torch.Tensor) or input_ids.dtype.is_floating_point or input_ids.dtype.is_complex \
-                or input_ids.dtype == torch.bool or input_ids.ndim != 2 or input_ids.shape[1] == 0:
-            fail("input_ids", "an integer tensor of shape [b, t] with t >= 1", input_ids)
-        input_ids = input_ids.long()  # uint16/32/64 have no comparisons in torch
+        what = "an integer tensor of shape [b, t] with t >= 1"
+        input_ids = integer_tensor("input_ids", input_ids, ndim=(2,), what=what)  # int64: uint16/32/64 do not compare
+        if input_ids.shape[1] == 0:
+            fail("input_ids", what, input_ids)
         if input_ids.numel() and (int(input_ids.min()) < 0 or int(input_ids.max()) >= self.vocab_size):
             fail("input_ids", f"token ids in [0, vocab_size={self.vocab_size})",
                  f"ids in [{int(input_ids.min())}, {int(input_ids.max())}]")
