@@ -28,12 +28,19 @@ def ids(shape, seed=1):
 
 
 @torch.no_grad()
+def filled_cache(name, tokens=8, capacity=12):
+    """The cache of a one-row forward over `tokens` tokens of the decoder for encoding `name`."""
+    m = decoder(name)
+    cache = m.new_cache(1, capacity)
+    m(ids((1, tokens)), cache=cache)
+    return cache
+
+
+@torch.no_grad()
 @pytest.mark.parametrize("name", ["sinusoidal", "learned"])
 def test_absolute_caches_refuse_to_move(name):
     """K/V of an absolute encoding carry their positions: relabelling slots would be silently wrong."""
-    m = decoder(name)
-    cache = m.new_cache(1, 12)
-    m(ids((1, 8)), cache=cache)
+    cache = filled_cache(name)
     state = (cache.positions.clone(), cache.k[0].clone(), cache.lengths.clone())
     with pytest.raises(PosencError, match=r"^shift: expected False for a cache of absolute position embeddings"):
         cache.keep_recent(4, 1, shift=True)
@@ -49,9 +56,7 @@ def test_absolute_caches_refuse_to_move(name):
 @torch.no_grad()
 @pytest.mark.parametrize("name", ["rope", "alibi"])
 def test_relative_caches_still_move(name):
-    m = decoder(name)
-    cache = m.new_cache(1, 12)
-    m(ids((1, 8)), cache=cache)
+    cache = filled_cache(name)
     cache.keep_recent(4, 1, shift=True)
     assert cache.positions[0, :6].tolist() == [0, 1, 2, 3, 4, -1] and not cache.absolute
 
