@@ -103,3 +103,12 @@ def test_rotate_honours_compute_dtype(pairing):
     got = rope.rotate(x, pos, compute_dtype=torch.bfloat16)
     assert torch.equal(got, want)
     assert not torch.equal(rope.rotate(x, pos), want)  # the float32 default differs: the argument matters
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("precision", ["float32", "exact"])
+def test_tables_take_every_integer_dtype(dtype, precision):
+    from posenc.rope.tables import cos_sin
+
+    inv = torch.tensor([1.0, 0.1, 0.01])
+    assert all(torch.equal(a, b) for a, b in zip(cos_sin(POS.to(dtype), inv, 1.0, precision), cos_sin(POS, inv, 1.0, precision)))
