@@ -154,3 +154,26 @@ def test_prefix_lets_other_errors_and_success_through():
     with pytest.raises(KeyError, match="k"):
         with prefix("config"):
             raise KeyError("k")
+
+
+def test_rename_reports_the_callers_argument():
+    from posenc.errors import rename
+
+    with pytest.raises(PosencError, match=r"^position_ids: expected x, got 1$") as info:
+        with rename({"positions": "position_ids"}):
+            fail("positions", "x", 1)
+    assert info.value.arg == "position_ids"
+    with pytest.raises(PosencError, match=r"^mask: expected x, got 1$"):
+        with rename({"positions": "position_ids"}):
+            fail("mask", "x", 1)
+
+
+def test_integer_tensor():
+    from posenc.errors import integer_tensor
+
+    assert integer_tensor("n", torch.tensor([1, 2]).to(torch.uint32)).dtype == torch.int64
+    for bad in (torch.tensor([1.0]), torch.tensor([True]), [1], None):
+        with pytest.raises(PosencError, match=r"^n: expected an integer torch\.Tensor, got "):
+            integer_tensor("n", bad)
+    with pytest.raises(PosencError, match=r"^n: expected an integer torch\.Tensor of rank 0 or 1, got tensor of shape \(1, 1\)"):
+        integer_tensor("n", torch.tensor([[1]]), ndim=(0, 1))

@@ -35,11 +35,13 @@ __all__ = [
     "Raw",
     "fail",
     "prefix",
+    "rename",
     "integer",
     "real",
     "boolean",
     "choice",
     "positions",
+    "integer_tensor",
     "check_positive",
     "check_int_positions",
     "batch_positions",
@@ -118,9 +120,28 @@ def prefix(path: str, *, rename: Mapping[str, str] | None = None) -> Iterator[No
             cut = e.arg.find("[")
             head, rest = (e.arg, "") if cut < 0 else (e.arg[:cut], e.arg[cut:])
             head = (rename or {}).get(head, head)
-            arg = f"{path}[{head!r}]{rest}"
-            new = PosencError(f"{arg}: expected {e.expected}, got {e.got}", arg=arg, expected=e.expected, got=e.got)
+            new = _with_arg(e, f"{path}[{head!r}]{rest}")
         raise new.with_traceback(e.__traceback__) from None
+
+
+@contextlib.contextmanager
+def rename(names: Mapping[str, str]) -> Iterator[None]:
+    """Re-raise a `PosencError` from the block under the caller's name for the argument.
+
+    A function that validates through another one's checks (the decoder through `KVCache.reserve`)
+    reports its own argument names: `with rename({"positions": "position_ids"}): cache.reserve(...)`.
+    Arguments not in `names` (and messages without an argument) pass through unchanged.
+    """
+    try:
+        yield
+    except PosencError as e:
+        if e.arg not in names or e.expected is None:
+            raise
+        raise _with_arg(e, names[e.arg]).with_traceback(e.__traceback__) from None
+
+
+def _with_arg(e: PosencError, arg: str) -> PosencError:
+    return PosencError(f"{arg}: expected {e.expected}, got {e.got}", arg=arg, expected=e.expected, got=e.got)
 
 
 def _num(v: Any) -> str:
@@ -167,10 +188,11 @@ def real(arg: str, value: Any, *, gt: float | None = None, ge: float | None = No
         finite: refuse nan and +-inf (default).
         what: the "expected" text, if the generated one ("a finite number > 0") is not enough.
     Raises:
-        PosencError: "a real number" for the wrong type, else `what`.
+        PosencError: `what`, or without it "a real number" for the wrong type and "a finite number > 0" (...)
+            for a value out of bounds.
     """
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        fail(arg, "a real number", value)
+        fail(arg, what or "a real number", value)
     lo, lo_text = (gt, ">") if gt is not None else (ge, ">=")
     hi, hi_text = (lt, "<") if lt is not None else (le, "<=")
     if what is None:
@@ -239,7 +261,8 @@ def positions(arg: str, x: Any, *, shapes: Sequence[Sequence[Any]] | None = None
         fail(arg, "an integer dtype (int32 or int64) of logical positions", x)
     if shapes is not None and not any(
             len(p) == x.ndim and all(isinstance(s, _SHAPE_ANY) or s == n for s, n in zip(p, x.shape)) for p in shapes):
-        fail(arg, "shape " + " or ".join(_shape_text(p) for p in shapes), x)
+        texts = [_shape_text(p) for p in shapes]
+        fail(arg, "shape " + (", ".join(texts[:-1]) + " or " if len(texts) > 1 else "") + texts[-1], x)
     if device is not None and x.device != torch.device(device):
         fail(arg, f"a tensor on {torch.device(device)} (the device of the tensors it positions)", Raw(f"one on {x.device}"))
     if not x.dtype.is_signed:
@@ -248,6 +271,19 @@ def positions(arg: str, x: Any, *, shapes: Sequence[Sequence[Any]] | None = None
     if check_values and not allow_negative and x.numel() and bool((x < 0).any()):
         fail(arg, "positions >= 0" + (f" {negative_hint}" if negative_hint else ""), Raw(f"min {int(x.min())}"))
     return x
+
+
+def integer_tensor(arg: str, x: Any, *, ndim: tuple[int, ...] | None = None, what: str | None = None) -> torch.Tensor:
+    """Return `x` as int64 after checking it is a tensor of an integer dtype (not bool), of one of the ranks.
+
+    For integer tensors that are not positions (counts, row indices); `what` is the "expected" text.
+    """
+    what = what or "an integer torch.Tensor" + ("" if ndim is None else f" of rank {' or '.join(map(str, ndim))}")
+    if not isinstance(x, torch.Tensor) or x.dtype.is_floating_point or x.dtype.is_complex or x.dtype == torch.bool:
+        fail(arg, what, x)
+    if ndim is not None and x.ndim not in ndim:
+        fail(arg, what, x)
+    return x.long()
 
 
 def check_positive(arg: str, value: Any, *, allow_zero: bool = False) -> float:
@@ -269,7 +305,8 @@ def batch_positions(arg: str, x: Any, batch: int, tokens: int, *, allow_negative
         fail(arg, f"shape [{tokens}] or [b, {tokens}]", x)
     if x.ndim == 2 and x.shape[0] not in (1, batch):
         fail(arg, f"batch size 1 or {batch}", x)
-    return x.long().reshape(-1, tokens).expand(batch, tokens).contiguous()  # [b, t]
+    x = x.long()
+    return (x[None] if x.ndim == 1 else x).expand(batch, tokens).contiguous()  # [b, t]
 
 
 def check_float_tensor(arg: str, x: Any, *, ndim: tuple[int, ...] | None = None) -> torch.Tensor:
