@@ -45,3 +45,24 @@ def test_decoder_multiplies_scores_by_softmax_scale_factor():
         assert_close(torch.cat(steps, 1), want)  # the cached path scales the same way
         unscaled = Decoder.from_hf_config(CFG, encoding=plain, seed=5).double().eval()
         assert not torch.allclose(unscaled(ids), want, atol=1e-3)  # the factor matters at these sizes
+
+
+@pytest.mark.parametrize("bad, match", [
+    ({"rms_norm_eps": "x"}, r"config\['rms_norm_eps'\]: expected a real number, got 'x'"),
+    ({"rms_norm_eps": 1.0}, r"config\['rms_norm_eps'\]: expected a finite number in \[0, 1\), got 1.0"),
+    ({"tie_word_embeddings": 1}, r"config\['tie_word_embeddings'\]: expected True or False, got 1"),
+    ({"model_type": "qwen2_moe", "qkv_bias": "yes"}, r"config\['qkv_bias'\]: expected True or False, got 'yes'"),
+    ({"sliding_window": 0}, r"config\['sliding_window'\]: expected None or a positive integer, got 0"),
+])
+def test_decoder_sizes_refuse_bad_values(bad, match):
+    with pytest.raises(posenc.PosencError, match=match):
+        posenc.hf.decoder_sizes({**CFG, **bad})
+
+
+@pytest.mark.parametrize("model_type, qkv, o", [("llama", False, False), ("qwen2", True, False), ("mistral", False, False)])
+def test_decoder_sizes_biases_per_family(model_type, qkv, o):
+    """q/k/v and o biases as transformers' attention of each family has them (Mistral ignores attention_bias)."""
+    sizes = posenc.hf.decoder_sizes({**CFG, "model_type": model_type, "attention_bias": False})
+    assert (sizes["qkv_bias"], sizes["attention_bias"]) == (qkv, o)
+    if model_type == "mistral":
+        assert posenc.hf.decoder_sizes({**CFG, "model_type": model_type, "attention_bias": True})["qkv_bias"] is False

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from ..errors import fail
+from ..errors import boolean, fail, integer, real
 from .conventions import NON_ROPE_MODEL_TYPES, config_int, config_to_dict, convention, head_dim, layer_type_list, text_config
 
 __all__ = ["KVFacts", "kv_cache_facts", "max_positions", "original_max_positions", "position_scheme",
@@ -98,8 +98,7 @@ def layer_windows(config: Any, layers: int | None = None) -> tuple[int | None, .
     window = cfg.get("sliding_window")
     if window is None or cfg.get("use_sliding_window") is False:
         return (None,) * layers
-    if isinstance(window, bool) or not isinstance(window, int) or window < 1:
-        fail("config['sliding_window']", "None or a positive integer", window)
+    window = integer("config['sliding_window']", window, min=1, what="None or a positive integer")
     types = layer_type_list(cfg, layers)  # given, or the config class's rule (Gemma 2/3, Cohere 2, OLMo 3, Qwen, ...)
     if types is not None and len(types) == layers:
         return tuple(window if t == "sliding_attention" else None for t in types)
@@ -170,15 +169,10 @@ def decoder_sizes(config: Any) -> dict[str, Any]:
         num_kv_heads=config_int(cfg, "num_key_value_heads", default=heads),
         head_dim=head_dim(cfg))
     sizes["layer_windows"] = layer_windows(cfg, sizes["num_layers"])
-    eps = cfg.get("rms_norm_eps", 1e-6)
-    if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not 0 <= eps < 1:
-        fail("config['rms_norm_eps']", "a number in [0, 1)", eps)
-    sizes["rms_norm_eps"] = float(eps)
+    sizes["rms_norm_eps"] = real("config['rms_norm_eps']", cfg.get("rms_norm_eps", 1e-6), ge=0.0, lt=1.0)
     conv = convention(cfg)
     for arg, key in (("tie_word_embeddings", "tie_word_embeddings"), ("mlp_bias", "mlp_bias"),
                      ("attention_bias", conv.o_bias), ("qkv_bias", conv.qkv_bias)):
-        value = key if isinstance(key, bool) else cfg.get(key, False)  # a family's fixed bias, or its config key
-        if not isinstance(value, bool):
-            fail(f"config['{key}']", "true or false", value)
-        sizes[arg] = value
+        # a family's fixed bias, or its config key
+        sizes[arg] = key if isinstance(key, bool) else boolean(f"config['{key}']", cfg.get(key, False))
     return sizes
