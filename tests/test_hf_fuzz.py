@@ -10,7 +10,8 @@ and reads it as a dict and as transformers' `PretrainedConfig`. Then:
   DeepSeek-V2 (complex polar form, within 5e-7) and GPT-J (its own float32 table formula, TOL[float32]);
 - transformers refuses it: posenc refuses too (PosencError);
 - posenc refuses what transformers accepts only for the deliberate differences in `DELIBERATE` (transformers
-  only warns, or silently ignores a key), each matched by its message.
+  only warns, or silently ignores a key), each matched by its message; and it reads Mixtral's `head_dim=None`
+  as hidden / heads (as transformers' attention does) where transformers' scaled rotary classes crash.
 """
 
 import copy
@@ -174,11 +175,29 @@ def transformers_tables(config, layer_type, pos):
     return first, second, inv
 
 
+def _null_head_dim_crash(cfg):
+    params = cfg.get("rope_scaling") or cfg.get("rope_parameters") or {}
+    kind = params.get("rope_type", params.get("type"))
+    return cfg["model_type"] in ("mixtral", "ministral") and cfg.get("head_dim") is None and kind in (
+        "dynamic", "yarn", "longrope")
+
+
 def run(cfg, layer_type, pos):
+    config = None
     try:
         config = hf_config(cfg)
         want = transformers_tables(config, layer_type, pos)
     except Exception as e:  # noqa: BLE001 - transformers refuses in many ways (ValueError, KeyError, TypeError ...)
+        if _null_head_dim_crash(cfg):
+            # Mixtral / Ministral keep head_dim=None; transformers' dynamic, yarn and longrope then crash on
+            # `getattr(config, "head_dim", ...)`, its attention uses hidden / heads: posenc reads it as its attention
+            try:
+                rope = posenc.Rope.from_hf_config(cfg, layer_type=layer_type)
+            except PosencError as refused:
+                assert any(re.search(p, str(refused)) for p in DELIBERATE.values()), f"{refused}\n{cfg}"
+                return "deliberate: refused for another reason"
+            assert rope.head_dim == cfg["hidden_size"] // cfg["num_attention_heads"]
+            return "deliberate: head_dim None read as hidden / heads"
         # transformers builds every layer type at once; posenc reads the one asked for, so with per-layer RoPE
         # the whole model (layer_type=None) is what must be refused
         with pytest.raises(PosencError):
