@@ -131,7 +131,7 @@ def test_axis_map_rules():
 
 def test_bad_input():
     inv = torch.ones(4)
-    with pytest.raises(PosencError, match="position_ids: expected an integer tensor of shape \\[3, b, t\\]"):
+    with pytest.raises(PosencError, match="position_ids: expected shape \\[3, b, t\\] or \\[3, t\\]"):
         mrope_cos_sin(torch.zeros(2, 5, dtype=torch.long), inv, (2, 1, 1))
     with pytest.raises(PosencError, match="position_ids: expected an integer dtype"):
         mrope_cos_sin(torch.zeros(3, 5), inv, (2, 1, 1))

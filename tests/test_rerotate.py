@@ -55,9 +55,31 @@ def test_round_trip_is_identity(gen):
 @pytest.mark.parametrize("old, new, match", [
     (torch.tensor([0.0, 1.0]), torch.tensor([0, 1]), "old_positions: expected an integer dtype"),
     (torch.tensor([0, 1]), torch.tensor([-1, 1]), "new_positions: expected positions >= 0"),
-    (torch.tensor([0, 1, 2]), torch.tensor([0, 1, 2]), r"old_positions: expected shape \[t\] or \[b, t\] with t = 2"),
+    (torch.tensor([0, 1, 2]), torch.tensor([0, 1, 2]), r"^old_positions: expected shape \[2\] or \[b, 2\]"),
+    (torch.tensor([[0, 1]] * 3), torch.tensor([0, 1]), r"^old_positions: expected batch size 1 or 2, got tensor of shape \(3, 2\)"),
+    (torch.tensor([0, 1]), torch.tensor([[0, 1]] * 3), r"^new_positions: expected batch size 1 or 2, got tensor of shape \(3, 2\)"),
+    ([0, 1], torch.tensor([0, 1]), r"^old_positions: expected an integer torch\.Tensor, got list$"),
 ])
 def test_bad_positions(old, new, match):
-    k = torch.randn(1, 1, 2, 16, generator=torch.Generator().manual_seed(0))
+    k = torch.randn(2, 1, 2, 16, generator=torch.Generator().manual_seed(0))
     with pytest.raises(PosencError, match=match):
         rerotate(ROPES["split_half"], k, old, new)
+
+
+@pytest.mark.parametrize("width", [8, 12, 18])
+def test_keys_of_another_width_are_refused(width):
+    """A key narrower or wider than head_dim would be rotated with the wrong pairs: refused."""
+    k = torch.randn(1, 1, 2, width)
+    with pytest.raises(PosencError, match=rf"^k: expected last dim = head_dim = 16 .*got tensor of shape \(1, 1, 2, {width}\)"):
+        rerotate(ROPES["split_half"], k, torch.tensor([0, 1]), torch.tensor([2, 3]))
+    with pytest.raises(PosencError, match=r"^k: expected a tensor of rank 4"):
+        rerotate(ROPES["split_half"], k[0], torch.tensor([0, 1]), torch.tensor([2, 3]))
+
+
+@pytest.mark.parametrize("dtype", [torch.uint8, torch.uint16, torch.uint32, torch.uint64, torch.int32])
+def test_unsigned_positions_equal_int64(dtype, gen):
+    rope = ROPES["split_half"]
+    k = torch.randn(2, 2, 3, 16, generator=gen, dtype=torch.float64)
+    old, new = torch.tensor([[4, 5, 6], [7, 8, 9]]), torch.tensor([1, 2, 3])
+    want = rerotate(rope, k, old, new)
+    assert torch.equal(rerotate(rope, k, old.to(dtype), new.to(dtype)), want)

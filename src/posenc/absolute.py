@@ -27,20 +27,19 @@ from typing import Any
 import torch
 from torch import nn
 
-from .errors import check_int_positions, check_positive, fail
+from .errors import Raw, choice, fail, integer, positions as check_positions
+from .rope.scaling import check_base
 
 __all__ = ["sinusoidal_table", "Sinusoidal", "LearnedPositions", "SINUSOIDAL_LAYOUTS"]
 
 SINUSOIDAL_LAYOUTS = ("interleaved", "half", "fairseq")
 
 
-def _check_dim(dim: Any, layout: str) -> int:
-    if layout not in SINUSOIDAL_LAYOUTS:
-        fail("layout", f"one of {SINUSOIDAL_LAYOUTS}", layout)
+def _check_table(dim: Any, base: Any, layout: Any) -> tuple[int, float]:
+    """The one check of a sinusoidal table's width, base and layout."""
+    choice("layout", layout, SINUSOIDAL_LAYOUTS)
     smallest = 4 if layout == "fairseq" else 1  # fairseq divides by half_dim - 1
-    if isinstance(dim, bool) or not isinstance(dim, int) or dim < smallest:
-        fail("dim", f"an integer >= {smallest} for layout {layout!r}", dim)
-    return dim
+    return integer("dim", dim, min=smallest, what=f"an integer >= {smallest} for layout {layout!r}"), check_base(base)
 
 
 def sinusoidal_table(
@@ -66,16 +65,12 @@ def sinusoidal_table(
     Raises:
         PosencError: non-integer or negative positions, a bad width, base, layout or padding index.
     """
-    check_int_positions("positions", positions)
-    dim = _check_dim(dim, layout)
-    base = check_positive("base", base)
-    if base == 1.0:
-        fail("base", "a finite number > 0 and != 1", base)
+    positions = check_positions("positions", positions)
+    dim, base = _check_table(dim, base, layout)
     if dtype not in (torch.float32, torch.float64):
         fail("dtype", "torch.float32 or torch.float64", dtype)
     if layout == "fairseq":
-        if isinstance(padding_idx, bool) or not isinstance(padding_idx, int) or padding_idx < 0:
-            fail("padding_idx", "an integer >= 0", padding_idx)
+        padding_idx = integer("padding_idx", padding_idx, min=0)
         half = dim // 2
         compute = torch.float64 if dtype == torch.float64 else torch.float32
         step = math.log(base) / (half - 1)
@@ -117,8 +112,10 @@ class Sinusoidal:
     padding_idx: int = 1
 
     def __post_init__(self) -> None:
-        _check_dim(self.dim, self.layout)
-        check_positive("base", self.base)
+        dim, base = _check_table(self.dim, self.base, self.layout)
+        object.__setattr__(self, "dim", dim)
+        object.__setattr__(self, "base", base)
+        object.__setattr__(self, "padding_idx", integer("padding_idx", self.padding_idx, min=0))
 
     def embedding(self, positions: torch.Tensor) -> torch.Tensor:
         """`[..., dim]` float32 rows for integer positions `[...]`."""
@@ -138,12 +135,9 @@ class LearnedPositions(nn.Module):
 
     def __init__(self, num_positions: int, dim: int, *, offset: int = 0):
         super().__init__()
-        for name, value in (("num_positions", num_positions), ("dim", dim)):
-            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-                fail(name, "a positive integer", value)
-        if isinstance(offset, bool) or not isinstance(offset, int) or not 0 <= offset < num_positions:
-            fail("offset", f"an integer in [0, num_positions={num_positions})", offset)
-        self.offset = offset
+        num_positions, dim = integer("num_positions", num_positions, min=1), integer("dim", dim, min=1)
+        self.offset = integer("offset", offset, min=0, max=num_positions - 1,
+                              what=f"an integer in [0, num_positions={num_positions})")
         self.weight = nn.Parameter(torch.randn(num_positions, dim) * 0.02)  # [num_positions, dim]
 
     @property
@@ -153,13 +147,10 @@ class LearnedPositions(nn.Module):
 
     def embedding(self, positions: torch.Tensor) -> torch.Tensor:
         """Rows for integer logical positions `[...]` -> `[..., dim]` (PosencError past the table)."""
-        check_int_positions("positions", positions)
+        positions = check_positions("positions", positions, device=self.weight.device)
         if positions.numel() and int(positions.max()) >= self.max_positions:
-            fail(
-                "positions",
-                f"positions < {self.max_positions} (the learned table's size; `resize` interpolates it)",
-                f"max {int(positions.max())}",
-            )
+            fail("positions", f"positions < {self.max_positions} (the learned table's size; `resize` interpolates it)",
+                 Raw(f"max {int(positions.max())}"))
         return self.weight[positions.long() + self.offset]  # [..., dim]
 
     def forward(self, positions: torch.Tensor) -> torch.Tensor:
@@ -177,10 +168,8 @@ class LearnedPositions(nn.Module):
         Raises:
             PosencError: a non-positive size or an unknown mode.
         """
-        if isinstance(max_positions, bool) or not isinstance(max_positions, int) or max_positions <= 0:
-            fail("max_positions", "a positive integer", max_positions)
-        if mode not in ("linear", "nearest"):
-            fail("mode", "'linear' or 'nearest'", mode)
+        max_positions = integer("max_positions", max_positions, min=1)
+        choice("mode", mode, ("linear", "nearest"))
         rows = self.weight.detach()[self.offset :].float().T[None]  # [1, dim, old]
         new = nn.functional.interpolate(rows, size=max_positions, mode=mode, **_corners(mode))[0].T  # [new, dim]
         return self._with_rows(new)
@@ -197,13 +186,10 @@ class LearnedPositions(nn.Module):
         Raises:
             PosencError: a grid that does not match the table, non-positive sizes, an unknown mode.
         """
-        for name, g in (("grid", grid), ("new_grid", new_grid)):
-            if len(tuple(g)) != 2 or any(isinstance(s, bool) or not isinstance(s, int) or s <= 0 for s in g):
-                fail(name, "(height, width) positive integers", g)
+        grid, new_grid = (_grid(name, g) for name, g in (("grid", grid), ("new_grid", new_grid)))
         if grid[0] * grid[1] != self.max_positions:
             fail("grid", f"height * width = {self.max_positions} (the table's positions)", grid)
-        if mode not in ("bicubic", "bilinear", "nearest"):
-            fail("mode", "'bicubic', 'bilinear' or 'nearest'", mode)
+        choice("mode", mode, ("bicubic", "bilinear", "nearest"))
         rows = self.weight.detach()[self.offset :].float()  # [h*w, dim]
         image = rows.reshape(grid[0], grid[1], -1).permute(2, 0, 1)[None]  # [1, dim, h, w]
         image = nn.functional.interpolate(image, size=tuple(new_grid), mode=mode, **_corners(mode))
@@ -218,3 +204,10 @@ class LearnedPositions(nn.Module):
 
 def _corners(mode: str) -> dict:
     return {} if mode == "nearest" else {"align_corners": False}
+
+
+def _grid(arg: str, grid: Any) -> tuple[int, int]:
+    what = "(height, width) positive integers"
+    if isinstance(grid, (str, bytes, torch.Tensor)) or not hasattr(grid, "__len__") or len(grid) != 2:
+        fail(arg, what, grid)
+    return integer(arg, grid[0], min=1, what=what), integer(arg, grid[1], min=1, what=what)

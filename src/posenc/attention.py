@@ -2,7 +2,12 @@
 
 The encoding decides what happens to q, k and the scores:
 - `None`: q and k are used as given (for example already rotated, or keys rotated in a cache).
-- a `posenc.Rope`: q is rotated at `q_positions`, k at `k_positions` (so cached keys can sit at any position).
+- a `posenc.Rope`: q is rotated at `q_positions`, k at `k_positions` (so cached keys can sit at any position),
+  both with ONE table per batch row: that of the forward's length, `max(q and k positions of the row) + 1`,
+  as a full forward over the row computes it. So under length-dependent scalings (dynamic NTK, LongRoPE)
+  the scores still depend on relative positions only, also when keys lie after every query
+  (non-causal attention, chunked calls). Each row uses its own length: a row never depends on its
+  batch-mates (transformers takes the batch maximum; for `[t]` positions the two agree).
 - a bias scheme (`posenc.ALiBi`, `posenc.T5RelativeBias`, or anything with `bias(q_positions, k_positions)`
   and `score_mod(q_positions, k_positions)`): the bias is added to the scaled scores.
 - an absolute scheme (`posenc.Sinusoidal`, `posenc.LearnedPositions`, or anything with
@@ -33,7 +38,9 @@ from typing import Any
 
 import torch
 
-from .errors import Raw, batch_positions, check_float_tensor, fail
+from .errors import Raw, batch_positions, check_float_tensor, choice, fail, integer, real
+from .rope.apply import apply_rope
+from .rope.rerotate import row_tables
 from .rope.spec import Rope
 
 __all__ = ["attention", "IMPLS", "encoding_kind"]
@@ -98,10 +105,11 @@ def attention(
         window: sliding window (Mistral, Gemma local layers): a query at p sees keys at positions
             p - window + 1 .. p only (`q_pos - k_pos < window`, transformers' convention); None = no window.
     Returns:
-        `[b, hq, tq, dv]` in q's dtype; rows with no visible key are zeros.
+        `[b, hq, tq, dv]` in q's dtype; rows with no visible key (and every row when tk = 0) are zeros.
     Raises:
-        PosencError: bad ranks or shapes, heads that do not divide, non-integer positions, an unknown
-            encoding or impl, an absolute embedding whose width is not d, `impl="flex"` on a torch without it.
+        PosencError: bad ranks or shapes, heads that do not divide, non-integer positions (or, with a
+            Rope, negative ones), positions on another device than q, an unknown encoding or impl, a Rope
+            or absolute embedding whose width is not d, `impl="flex"` on a torch without it.
     """
     for name, x in (("q", q), ("k", k), ("v", v)):
         check_float_tensor(name, x, ndim=(4,))
@@ -113,16 +121,12 @@ def attention(
         fail("v", f"shape [{b}, {hk}, {tk}, dv] (as k)", v)
     if hk == 0 or hq % hk:
         fail("k", f"a head count that divides hq={hq} (GQA)", k)
-    if impl not in IMPLS:
-        fail("impl", f"one of {IMPLS}", impl)
-    if window is not None and (isinstance(window, bool) or not isinstance(window, int) or window < 1):
-        fail("window", "None or an integer >= 1 (tokens a query sees, itself included)", window)
-    if scale is None:
-        scale = 1.0 / math.sqrt(d)
-    elif isinstance(scale, bool) or not isinstance(scale, (int, float)) or not math.isfinite(scale):
-        fail("scale", "a finite number (or None for 1/sqrt(d))", scale)
-    q_pos = batch_positions("q_positions", q_positions, b, tq)  # [b, tq]
-    k_pos = batch_positions("k_positions", k_positions, b, tk)  # [b, tk]
+    choice("impl", impl, IMPLS)
+    if window is not None:
+        window = integer("window", window, min=1, what="None or an integer >= 1 (tokens a query sees, itself included)")
+    scale = 1.0 / math.sqrt(d) if scale is None else real("scale", scale, what="a finite number (or None for 1/sqrt(d))")
+    q_pos = batch_positions("q_positions", q_positions, b, tq, device=q.device)  # [b, tq]
+    k_pos = batch_positions("k_positions", k_positions, b, tk, device=q.device)  # [b, tk]
     if key_mask is not None:
         if not isinstance(key_mask, torch.Tensor) or key_mask.dtype != torch.bool or key_mask.shape != (b, tk):
             fail("key_mask", f"a bool tensor of shape [{b}, {tk}] (True = attend)", key_mask)
@@ -131,8 +135,12 @@ def attention(
     if kind == "bias" and getattr(encoding, "heads", hq) != hq:
         fail("encoding", f"a bias scheme covering hq={hq} heads", Raw(f"one covering {encoding.heads}"))
     if kind == "rope":
-        q = encoding.rotate(q, q_positions)
-        k = encoding.rotate(k, k_positions)
+        if encoding.head_dim != d:
+            fail("encoding", f"a Rope with head_dim={d} (the width of q and k)", encoding)
+    if b == 0 or tq == 0 or tk == 0:  # nothing to attend to (or nobody asking): no kernel, no table
+        return q.new_zeros(b, hq, tq, v.shape[-1])
+    if kind == "rope":
+        q, k = _rotate(encoding, q, k, q_pos, k_pos)
     elif kind == "absolute":
         q = q + _absolute(encoding, q_positions, d).unsqueeze(-3).to(q.dtype)  # [b?, 1, tq, d]
         k = k + _absolute(encoding, k_positions, d).unsqueeze(-3).to(k.dtype)  # [b?, 1, tk, d]
@@ -163,6 +171,18 @@ def attention(
             out = torch.nn.functional.scaled_dot_product_attention(q, k_rep, v_rep, attn_mask=mask, scale=scale)
     out = out * any_visible  # [b, hq, tq, dv]; rows with nothing to see -> 0
     return out.to(q.dtype)
+
+
+def _rotate(rope: Rope, q: torch.Tensor, k: torch.Tensor, q_pos: torch.Tensor, k_pos: torch.Tensor
+            ) -> tuple[torch.Tensor, torch.Tensor]:
+    """q and k rotated with one table per row, that of length `max(q and k positions of the row) + 1`."""
+    for arg, pos in (("q_positions", q_pos), ("k_positions", k_pos)):
+        if bool((pos < 0).any()):  # one host sync; RoPE rotates by the position itself
+            fail(arg, "positions >= 0 (a Rope rotates by the position)", Raw(f"min {int(pos.min())}"))
+    lengths = torch.maximum(q_pos.amax(dim=1), k_pos.amax(dim=1)) + 1  # [b]: the forward's length per row
+    cos_q, sin_q = row_tables(rope, q_pos, lengths)  # [b, tq, r/2]
+    cos_k, sin_k = row_tables(rope, k_pos, lengths)  # [b, tk, r/2]
+    return apply_rope(q, cos_q, sin_q, pairing=rope.pairing), apply_rope(k, cos_k, sin_k, pairing=rope.pairing)
 
 
 def _absolute(encoding: Any, positions: torch.Tensor, d: int) -> torch.Tensor:

@@ -30,20 +30,17 @@ from typing import Any, Callable
 
 import torch
 
-from ..errors import check_int_positions, fail
+from ..errors import fail, integer, positions
 
 __all__ = ["alibi_slopes", "alibi_bias", "alibi_head_slice", "ALiBi"]
 
 
 def _check_heads(num_heads: Any, rank: Any, world_size: Any) -> None:
-    if isinstance(num_heads, bool) or not isinstance(num_heads, int) or num_heads <= 0:
-        fail("num_heads", "a positive integer", num_heads)
-    if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size <= 0:
-        fail("world_size", "a positive integer", world_size)
+    """The one check of a head count and a tensor-parallel (rank, world_size)."""
+    num_heads, world_size = integer("num_heads", num_heads, min=1), integer("world_size", world_size, min=1)
     if num_heads % world_size:
         fail("world_size", f"a divisor of num_heads={num_heads}", world_size)
-    if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < world_size:
-        fail("rank", f"an integer in [0, world_size={world_size})", rank)
+    integer("rank", rank, min=0, max=world_size - 1, what=f"an integer in [0, world_size={world_size})")
 
 
 def alibi_head_slice(num_heads: int, rank: int = 0, world_size: int = 1) -> slice:
@@ -53,8 +50,8 @@ def alibi_head_slice(num_heads: int, rank: int = 0, world_size: int = 1) -> slic
         PosencError: non-positive heads or world size, a world size that does not divide the heads, a bad rank.
     """
     _check_heads(num_heads, rank, world_size)
-    local = num_heads // world_size
-    return slice(rank * local, (rank + 1) * local)
+    local = int(num_heads) // int(world_size)
+    return slice(int(rank) * local, (int(rank) + 1) * local)
 
 
 def alibi_slopes(num_heads: int, *, rank: int = 0, world_size: int = 1) -> torch.Tensor:
@@ -69,6 +66,7 @@ def alibi_slopes(num_heads: int, *, rank: int = 0, world_size: int = 1) -> torch
         PosencError: zero or negative heads, a world size that does not divide H, a bad rank.
     """
     heads = alibi_head_slice(num_heads, rank, world_size)
+    num_heads = int(num_heads)
     n = 2 ** int(math.floor(math.log2(num_heads)))
     # BLOOM's arithmetic (float32 base raised to integer powers), so the slopes equal transformers' BLOOM
     # bit for bit; the float64 closed form rounded once differs from it by at most 1 ulp for some H.
@@ -81,17 +79,15 @@ def alibi_slopes(num_heads: int, *, rank: int = 0, world_size: int = 1) -> torch
     return slopes[heads]  # [H / world_size]
 
 
-def _pos(arg: str, positions: Any) -> torch.Tensor:
-    check_int_positions(arg, positions, allow_negative=True)  # only differences matter
-    if positions.ndim not in (1, 2):
-        fail(arg, "shape [t] or [b, t]", positions)
-    return positions
+def _pos(arg: str, x: Any) -> torch.Tensor:
+    """`[t]` or `[b, t]` integer positions as int64; negative ones are fine, only differences matter."""
+    return positions(arg, x, shapes=[("t",), ("b", "t")], allow_negative=True).long()
 
 
 def relative_distance(q_positions: torch.Tensor, k_positions: torch.Tensor) -> torch.Tensor:
     """`q_pos - k_pos` as int64, `[tq, tk]` or `[b, tq, tk]` (batch from whichever argument has one)."""
-    q = _pos("q_positions", q_positions).long()
-    k = _pos("k_positions", k_positions).long()
+    q = _pos("q_positions", q_positions)
+    k = _pos("k_positions", k_positions).to(q.device)
     if q.ndim == 2 and k.ndim == 2 and q.shape[0] != k.shape[0] and 1 not in (q.shape[0], k.shape[0]):
         fail("k_positions", f"batch size 1 or {q.shape[0]} (as q_positions)", k_positions)
     return q[..., :, None] - k[..., None, :]  # [b?, tq, tk]
@@ -128,8 +124,8 @@ def alibi_bias(
     Raises:
         PosencError: bad head counts, non-integer or badly shaped positions.
     """
-    slopes = alibi_slopes(num_heads, rank=rank, world_size=world_size).to(q_positions.device)  # [h]
     distance = relative_distance(q_positions, k_positions)  # [b?, tq, tk] int64
+    slopes = alibi_slopes(num_heads, rank=rank, world_size=world_size).to(distance.device)  # [h]
     if symmetric:
         distance = distance.abs()
     # fp32: distances are exact integers below 2**24
@@ -185,9 +181,9 @@ class ALiBi:
         Returns:
             The callable; no `[tq, tk]` tensor is built.
         """
-        q_at = position_lookup(_pos("q_positions", q_positions).long())
-        k_at = position_lookup(_pos("k_positions", k_positions).long())
-        slopes = self.slopes.to(q_positions.device)  # [h]
+        q, k = _pos("q_positions", q_positions), _pos("k_positions", k_positions)
+        q_at, k_at = position_lookup(q), position_lookup(k.to(q.device))
+        slopes = self.slopes.to(q.device)  # [h]
         symmetric = self.symmetric
 
         def score_mod(score, b, h, q_idx, kv_idx):

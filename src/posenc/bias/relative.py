@@ -27,7 +27,7 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
-from ..errors import check_int_positions, fail
+from ..errors import boolean, fail, integer, positions
 from .alibi import _pos, position_lookup, relative_distance
 
 __all__ = ["t5_relative_position_bucket", "T5RelativeBias"]
@@ -35,19 +35,17 @@ __all__ = ["t5_relative_position_bucket", "T5RelativeBias"]
 
 def _check_buckets(bidirectional: Any, num_buckets: Any, max_distance: Any) -> tuple[int, int]:
     """Return (buckets per direction N, max_exact) after checking the parameters."""
-    if not isinstance(bidirectional, bool):
-        fail("bidirectional", "a bool", bidirectional)
-    if isinstance(num_buckets, bool) or not isinstance(num_buckets, int):
-        fail("num_buckets", "an integer", num_buckets)
+    bidirectional = boolean("bidirectional", bidirectional)
+    num_buckets = integer("num_buckets", num_buckets)
     if bidirectional and (num_buckets < 4 or num_buckets % 2):
         fail("num_buckets", "an even integer >= 4 (bidirectional: half the buckets per direction)", num_buckets)
     if not bidirectional and num_buckets < 2:
         fail("num_buckets", "an integer >= 2", num_buckets)
     per_direction = num_buckets // 2 if bidirectional else num_buckets
     max_exact = per_direction // 2
-    if isinstance(max_distance, bool) or not isinstance(max_distance, int) or max_distance <= max_exact:
-        mode = "bidirectional" if bidirectional else "causal"
-        fail("max_distance", f"an integer > {max_exact} (the exact-bucket range, {mode} mode)", max_distance)
+    mode = "bidirectional" if bidirectional else "causal"
+    integer("max_distance", max_distance, min=max_exact + 1,
+            what=f"an integer > {max_exact} (the exact-bucket range, {mode} mode)")
     return per_direction, max_exact
 
 
@@ -89,9 +87,9 @@ def t5_relative_position_bucket(
     Raises:
         PosencError: a non-integer tensor, or parameters outside the ranges above.
     """
-    check_int_positions("relative_position", relative_position, allow_negative=True)
+    relative_position = positions("relative_position", relative_position, allow_negative=True)
     per_direction, max_exact = _check_buckets(bidirectional, num_buckets, max_distance)
-    return _bucket(relative_position.long(), bidirectional, per_direction, max_exact, max_distance)
+    return _bucket(relative_position.long(), bool(bidirectional), per_direction, max_exact, int(max_distance))
 
 
 class T5RelativeBias(nn.Module):
@@ -112,11 +110,10 @@ class T5RelativeBias(nn.Module):
 
     def __init__(self, num_heads: int, num_buckets: int = 32, max_distance: int = 128, bidirectional: bool = True):
         super().__init__()
-        if isinstance(num_heads, bool) or not isinstance(num_heads, int) or num_heads <= 0:
-            fail("num_heads", "a positive integer", num_heads)
+        num_heads = integer("num_heads", num_heads, min=1)
         self._per_direction, self._max_exact = _check_buckets(bidirectional, num_buckets, max_distance)
-        self.num_heads, self.num_buckets = num_heads, num_buckets
-        self.max_distance, self.bidirectional = max_distance, bidirectional
+        self.num_heads, self.num_buckets = num_heads, int(num_buckets)
+        self.max_distance, self.bidirectional = int(max_distance), bool(bidirectional)
         # Same layout as T5's nn.Embedding(num_buckets, n_heads).weight, so checkpoints load directly.
         self.weight = nn.Parameter(torch.randn(num_buckets, num_heads) * num_heads**-0.5)
 
@@ -153,8 +150,8 @@ class T5RelativeBias(nn.Module):
         Returns:
             The callable, which gathers `weight[bucket(k_pos - q_pos), h]` per score.
         """
-        q_at = position_lookup(_pos("q_positions", q_positions).long())
-        k_at = position_lookup(_pos("k_positions", k_positions).long())
+        q, k = _pos("q_positions", q_positions), _pos("k_positions", k_positions)
+        q_at, k_at = position_lookup(q), position_lookup(k.to(q.device))
         table = self.weight.float()  # [num_buckets, h]
         args = (self.bidirectional, self._per_direction, self._max_exact, self.max_distance)
 

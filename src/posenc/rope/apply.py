@@ -22,7 +22,7 @@ from typing import Literal
 
 import torch
 
-from ..errors import Raw, check_float_tensor, fail
+from ..errors import Raw, check_float_tensor, choice, fail
 
 __all__ = ["apply_rope", "check_table", "PAIRINGS", "LAYOUTS"]
 
@@ -41,9 +41,7 @@ def resolve_pairing(interleaved: bool | str = False, pairing: str | None = None)
             pairing = "interleaved" if interleaved else "split_half"
         else:
             fail("interleaved", "a bool", interleaved)
-    if pairing not in PAIRINGS:
-        fail("pairing", f"one of {PAIRINGS}", pairing)
-    return pairing
+    return choice("pairing", pairing, PAIRINGS)
 
 
 def broadcast_table(table: torch.Tensor, x: torch.Tensor, layout: str) -> torch.Tensor:
@@ -111,8 +109,7 @@ def apply_rope(
         [[0.0, 0.0, 1.0, 0.0, 5.0, 6.0]]
     """
     pairing = resolve_pairing(interleaved, pairing)
-    if layout not in LAYOUTS:
-        fail("layout", f"one of {tuple(LAYOUTS)}", layout)
+    choice("layout", layout, tuple(LAYOUTS))
     check_float_tensor("x", x, ndim=(LAYOUTS[layout][0],))
     check_table(cos, sin, x, layout)
     half = cos.shape[-1]

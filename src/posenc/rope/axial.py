@@ -26,7 +26,8 @@ from typing import Any
 
 import torch
 
-from ..errors import fail
+from ..errors import fail, integer
+from ..errors import positions as check_positions
 from . import tables
 from .scaling import default_inv_freq
 
@@ -44,9 +45,7 @@ def vision_patch_positions(grid_thw: Any, spatial_merge_size: int = 2) -> torch.
     Raises:
         PosencError: a grid that is not `[n, 3]` positive integers, H or W not a multiple of m.
     """
-    if isinstance(spatial_merge_size, bool) or not isinstance(spatial_merge_size, int) or spatial_merge_size < 1:
-        fail("spatial_merge_size", "an integer >= 1", spatial_merge_size)
-    m = spatial_merge_size
+    m = integer("spatial_merge_size", spatial_merge_size, min=1, what="an integer >= 1")
     if isinstance(grid_thw, torch.Tensor):
         if grid_thw.dtype.is_floating_point or grid_thw.dtype == torch.bool or grid_thw.ndim != 2:
             fail("grid_thw", "an integer tensor of shape [n, 3]", grid_thw)
@@ -55,8 +54,7 @@ def vision_patch_positions(grid_thw: Any, spatial_merge_size: int = 2) -> torch.
         fail("grid_thw", "an integer tensor or list of shape [n, 3] (T, H, W per row)", grid_thw)
     parts = [torch.zeros(0, 2, dtype=torch.int64)]
     for k, (t, h, w) in enumerate(grid_thw):
-        if any(isinstance(v, bool) or not isinstance(v, int) or v < 1 for v in (t, h, w)):
-            fail(f"grid_thw[{k}]", "positive integers (T, H, W)", [t, h, w])
+        t, h, w = (integer(f"grid_thw[{k}]", v, min=1, what="positive integers (T, H, W)") for v in (t, h, w))
         if h % m or w % m:
             fail(f"grid_thw[{k}]", f"H and W multiples of spatial_merge_size={m}", [t, h, w])
         rows = torch.arange(h).view(h // m, m, 1, 1).expand(h // m, m, w // m, m)  # [H/m, m, W/m, m]
@@ -83,17 +81,13 @@ def axial_cos_sin(
     Raises:
         PosencError: non-integer or negative positions, a head_dim that the axes do not divide.
     """
-    if not isinstance(positions, torch.Tensor) or positions.ndim == 0:
+    if isinstance(positions, torch.Tensor) and positions.ndim == 0:
         fail("positions", "an integer tensor [..., a] with one column per axis", positions)
-    if positions.dtype.is_floating_point or positions.dtype == torch.bool or positions.dtype.is_complex:
-        fail("positions", "an integer dtype", positions)
-    if positions.numel() and bool((positions < 0).any()):
-        fail("positions", "positions >= 0", f"min {int(positions.min())}")
+    positions = check_positions("positions", positions)
     axes = positions.shape[-1]
-    if isinstance(head_dim, bool) or not isinstance(head_dim, int) or axes == 0 or head_dim <= 0 or head_dim % (2 * axes):
-        fail("head_dim", f"a positive multiple of 2 * {axes} axes", head_dim)
-    if precision not in tables.PRECISIONS:
-        fail("precision", f"one of {tables.PRECISIONS}", precision)
+    what = f"a positive multiple of 2 * {axes} axes"
+    if axes == 0 or integer("head_dim", head_dim, min=1, what=what) % (2 * axes):
+        fail("head_dim", what, head_dim)
     inv_freq = default_inv_freq(base, head_dim // axes)  # [head_dim / (2a)]
     theta = tables.angles(positions, inv_freq, precision)  # [..., a, head_dim / (2a)]
     return tables.cos_sin_from_angles(theta.flatten(-2))  # [..., head_dim/2]

@@ -23,7 +23,7 @@ from typing import Sequence
 
 import torch
 
-from ..errors import check_int_positions, fail
+from ..errors import fail, integer, positions
 from . import tables
 
 __all__ = ["mrope_axis_map", "gather_axes", "mrope_cos_sin"]
@@ -36,8 +36,9 @@ def mrope_axis_map(sections: tuple[int, ...], interleaved: bool = False) -> torc
         sections: frequencies per axis, summing to r/2.
         interleaved: Qwen3-VL's interleaved assignment instead of contiguous sections.
     """
-    if not sections or any(isinstance(s, bool) or not isinstance(s, int) or s < 0 for s in sections):
+    if isinstance(sections, (str, bytes, torch.Tensor)) or not hasattr(sections, "__len__") or not len(sections):
         fail("mrope_section", "a non-empty list of non-negative integers", sections)
+    sections = tuple(integer(f"mrope_section[{i}]", s, min=0) for i, s in enumerate(sections))
     total = sum(sections)
     if not interleaved:
         return torch.repeat_interleave(torch.arange(len(sections)) % 3, torch.tensor(sections))
@@ -90,14 +91,9 @@ def mrope_cos_sin(
         >>> cos.shape, float(cos.min()), float(sin.abs().max())
         (torch.Size([1, 5, 4]), 1.0, 0.0)
     """
-    if not isinstance(position_ids, torch.Tensor) or position_ids.ndim not in (2, 3) or position_ids.shape[0] != 3:
-        fail("position_ids", "an integer tensor of shape [3, b, t] or [3, t]", position_ids)
-    check_int_positions("position_ids", position_ids, allow_negative=True)
-    sections = tuple(sections)
+    position_ids = positions("position_ids", position_ids, shapes=[(3, "b", "t"), (3, "t")], allow_negative=True)
     axis_map = mrope_axis_map(sections, interleaved)  # [r/2]
     if inv_freq.ndim != 1 or axis_map.numel() != inv_freq.numel():
         fail("sections", f"sections summing to r/2 = {inv_freq.shape[-1]} (one per inverse frequency)", list(sections))
-    if precision not in tables.PRECISIONS:
-        fail("precision", f"one of {tables.PRECISIONS}", precision)
     theta = tables.angles(position_ids, inv_freq, precision)  # [3, ..., r/2]
     return tables.cos_sin_from_angles(gather_axes(theta, axis_map), attention_factor)  # [..., r/2]

@@ -17,24 +17,22 @@ Positions (Qwen's `get_rope_index`, as transformers 4.49-4.51 shipped it):
 
 from __future__ import annotations
 
-import math
 import numbers
 from typing import Any, Sequence
 
 import torch
 
-from ..errors import fail
+from ..errors import fail, integer, real
 
 __all__ = ["mrope_segment_positions", "mrope_position_ids"]
 
 
 # ---------------------------------------------------------------------------- positions from segments
-def _check_count(arg: str, value: Any, minimum: int) -> int:
-    if isinstance(value, torch.Tensor) and value.ndim == 0 and not value.dtype.is_floating_point:
-        value = int(value)
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < minimum:
-        fail(arg, f"an integer >= {minimum}", value)
-    return int(value)
+def _count(arg: str, value: Any, minimum: int) -> int:
+    if isinstance(value, torch.Tensor) and value.ndim == 0 and not value.dtype.is_floating_point \
+            and value.dtype != torch.bool:
+        value = int(value)  # grid entries read from a 0-d integer tensor
+    return integer(arg, value, min=minimum, what=f"an integer >= {minimum}")
 
 
 def check_seconds(arg: str, value: Any) -> Any:
@@ -42,13 +40,9 @@ def check_seconds(arg: str, value: Any) -> Any:
     if isinstance(value, torch.Tensor):
         if value.numel() != 1 or value.dtype == torch.bool or value.dtype.is_complex:
             fail(arg, "a real number of seconds", value)
-        number = float(value)
-    elif isinstance(value, numbers.Real) and not isinstance(value, bool):
-        value = number = float(value)  # a Python float: the reference's product runs in float32
-    else:
-        fail(arg, "a real number of seconds", value)
-    if not math.isfinite(number) or number < 0:
-        fail(arg, "a finite number of seconds >= 0", number)
+        real(arg, float(value), ge=0, what="a finite number of seconds >= 0")
+    else:  # a Python float: the reference's product runs in float32
+        value = real(arg, value, ge=0, what="a finite number of seconds >= 0")
     return value.reshape(()).cpu() if isinstance(value, torch.Tensor) else value
 
 
@@ -56,9 +50,8 @@ def check_tokens_per_second(value: Any) -> int | float | None:
     """None (Qwen2-VL) or a finite real > 0 (Qwen2.5-VL's `vision_config.tokens_per_second`)."""
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value) or value <= 0:
-        fail("tokens_per_second", "None (Qwen2-VL) or a finite number > 0 (Qwen2.5-VL)", value)
-    return int(value) if isinstance(value, numbers.Integral) else float(value)
+    number = real("tokens_per_second", value, gt=0, what="None (Qwen2-VL) or a finite number > 0 (Qwen2.5-VL)")
+    return int(value) if isinstance(value, numbers.Integral) else number
 
 
 def vision_block(
@@ -107,9 +100,9 @@ def mrope_segment_positions(
         >>> pos[0].tolist(), nxt
         ([0, 2, 4], 5)
     """
-    merge = _check_count("spatial_merge_size", spatial_merge_size, 1)
+    merge = _count("spatial_merge_size", spatial_merge_size, 1)
     tokens_per_second = check_tokens_per_second(tokens_per_second)
-    position = _check_count("start", start, 0)
+    position = _count("start", start, 0)
     if isinstance(segments, (str, bytes)) or not isinstance(segments, Sequence):
         fail("segments", "a sequence of ('text', n) / ('image', T, H, W) / ('video', T, H, W[, s]) tuples", segments)
     parts = [torch.zeros(3, 0, dtype=torch.int64)]
@@ -117,11 +110,11 @@ def mrope_segment_positions(
         arg = f"segments[{k}]"
         kind = segment[0] if isinstance(segment, (tuple, list)) and segment else None
         if kind == "text" and len(segment) == 2:
-            n = _check_count(arg, segment[1], 0)
+            n = _count(arg, segment[1], 0)
             parts.append((torch.arange(n) + position).expand(3, -1))  # [3, n]
             position += n
         elif kind in ("image", "video") and len(segment) in ((4,) if kind == "image" else (4, 5)):
-            grid = tuple(_check_count(arg, size, 1) for size in segment[1:4])
+            grid = tuple(_count(arg, size, 1) for size in segment[1:4])
             if grid[1] % merge or grid[2] % merge:
                 fail(arg, f"H and W multiples of spatial_merge_size={merge}", tuple(segment))
             seconds = check_seconds(arg, segment[4]) if len(segment) == 5 else 1.0
@@ -145,7 +138,7 @@ def _grid_rows(arg: str, grids: Any, merge: int) -> list[tuple[int, int, int]]:
         fail(arg, "an integer tensor or list of shape [n, 3] (T, H, W per row)", grids)
     out = []
     for k, row in enumerate(rows):
-        grid = tuple(_check_count(f"{arg}[{k}]", size, 1) for size in row)
+        grid = tuple(_count(f"{arg}[{k}]", size, 1) for size in row)
         if grid[1] % merge or grid[2] % merge:
             fail(f"{arg}[{k}]", f"H and W multiples of spatial_merge_size={merge}", list(grid))
         out.append(grid)
@@ -267,10 +260,10 @@ def mrope_position_ids(
         keep = (attention_mask == 1).cpu()
     tokens = {"image": image_token_id, "video": video_token_id, "start": vision_start_token_id}
     for name, value in tokens.items():
-        _check_count(f"{name}_token_id" if name != "start" else "vision_start_token_id", value, 0)
+        _count(f"{name}_token_id" if name != "start" else "vision_start_token_id", value, 0)
     if len(set(tokens.values())) != 3:
         fail("image_token_id", "three distinct ids for image, video and vision start", tokens)
-    merge = _check_count("spatial_merge_size", spatial_merge_size, 1)
+    merge = _count("spatial_merge_size", spatial_merge_size, 1)
     tokens_per_second = check_tokens_per_second(tokens_per_second)
     grids = {"image": _grid_rows("image_grid_thw", image_grid_thw, merge),
              "video": _grid_rows("video_grid_thw", video_grid_thw, merge)}

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import torch
 
-from ..errors import check_int_positions, fail
+from ..errors import batch_positions, check_float_tensor, fail
 from .apply import apply_rope
 from .spec import Rope
 
@@ -88,15 +88,16 @@ def rerotate(
     Returns:
         `[b, h, t, d]` keys in k's dtype (the map is applied in float64 for float64 keys, else float32).
     Raises:
-        PosencError: shapes that do not match, non-integer or negative positions.
+        PosencError: keys that are not `[b, h, t, head_dim]` floats, positions that are not integer `[t]` or
+            `[b, t]` (b of k, or 1) on k's device, negative positions.
     """
-    for arg, pos in (("old_positions", old_positions), ("new_positions", new_positions)):
-        check_int_positions(arg, pos)
-        if pos.ndim not in (1, 2) or pos.shape[-1] != k.shape[-2]:
-            fail(arg, f"shape [t] or [b, t] with t = {k.shape[-2]} (as k)", pos)
-    b = k.shape[0]
-    old_p, new_p = (p.reshape(-1, p.shape[-1]).expand(b, -1) for p in (old_positions, new_positions))  # [b, t]
-    lens = [torch.full((b,), rope.seq_len_for(p, n) or 0, dtype=torch.int64) for p, n in
-            ((old_positions, old_seq_len), (new_positions, new_seq_len))]
+    check_float_tensor("k", k, ndim=(4,))
+    if k.shape[-1] != rope.head_dim:  # a narrower key would be half-rotated with the wrong pairs
+        fail("k", f"last dim = head_dim = {rope.head_dim} (the Rope's)", k)
+    b, t = k.shape[0], k.shape[-2]
+    old_p, new_p = (batch_positions(arg, p, b, t, allow_negative=False, device=k.device)  # [b, t]
+                    for arg, p in (("old_positions", old_positions), ("new_positions", new_positions)))
+    lens = [torch.full((b,), rope.seq_len_for(p, n) or 0, dtype=torch.int64, device=k.device) for p, n in
+            ((old_p, old_seq_len), (new_p, new_seq_len))]
     cos, sin = rerotation_tables(rope, old_p, new_p, lens[0], lens[1])  # [b, t, r/2] float64
     return apply_rope(k, cos, sin, pairing=stored_pairing(rope))  # float64 maps, applied in k's compute dtype

@@ -18,13 +18,12 @@ transformers convention: `max(position_ids) + 1` (see `Rope.cos_sin`).
 from __future__ import annotations
 
 import math
-import numbers
 from dataclasses import dataclass
 from typing import ClassVar, Union
 
 import torch
 
-from ..errors import check_positive, fail
+from ..errors import boolean, fail, integer, real
 
 __all__ = [
     "Default",
@@ -35,6 +34,7 @@ __all__ = [
     "LongRoPE",
     "Llama3",
     "Scaling",
+    "check_base",
     "default_inv_freq",
     "yarn_get_mscale",
 ]
@@ -49,9 +49,9 @@ def default_inv_freq(base: float, dim: int) -> torch.Tensor:
     Returns:
         `[dim/2]` float32 inverse frequencies.
     Raises:
-        PosencError: a base that is not a finite number > 0, or a width that is not a positive even integer.
+        PosencError: a base that is not a finite number > 0 and != 1, or a width that is not a positive even integer.
     """
-    _check_head(base, dim)
+    base, dim = check_base(base), _check_dim(dim)
     exponent = torch.arange(0, dim, 2, dtype=torch.int64).to(dtype=torch.float32) / dim  # [dim/2]
     return 1.0 / (base**exponent)
 
@@ -84,7 +84,7 @@ class Linear:
     depends_on_length: ClassVar[bool] = False
 
     def __post_init__(self) -> None:
-        check_positive("factor", self.factor)
+        _set(self, "factor", real("factor", self.factor, gt=0))
 
     def inv_freq(self, base: float, dim: int, seq_len: int | None = None) -> tuple[torch.Tensor, float]:
         """`([dim/2] float32, attention factor 1.0)`; `seq_len` is ignored."""
@@ -102,12 +102,10 @@ class NTKAware:
     depends_on_length: ClassVar[bool] = False
 
     def __post_init__(self) -> None:
-        check_positive("factor", self.factor)
+        _set(self, "factor", real("factor", self.factor, gt=0))
 
     def inv_freq(self, base: float, dim: int, seq_len: int | None = None) -> tuple[torch.Tensor, float]:
-        _check_head(base, dim)
-        if dim <= 2:
-            fail("rotary_dim", "more than 2 channels for NTK-aware scaling", dim)
+        base, dim = check_base(base), _check_dim(dim, minimum=4, why="NTK-aware scaling")
         return default_inv_freq(base * self.factor ** (dim / (dim - 2)), dim), 1.0
 
 
@@ -125,8 +123,8 @@ class DynamicNTK:
     depends_on_length: ClassVar[bool] = True
 
     def __post_init__(self) -> None:
-        check_positive("factor", self.factor)
-        _check_length("max_position_embeddings", self.max_positions)
+        _set(self, "factor", real("factor", self.factor, gt=0))
+        _set(self, "max_positions", integer("max_position_embeddings", self.max_positions, min=1))
 
     def base_at(self, base: float, dim: int, seq_len: int | None) -> float:
         """The effective base at sequence length `seq_len` (None means `max_positions`).
@@ -136,7 +134,7 @@ class DynamicNTK:
         the model bit for bit; `ROPE_INIT_FUNCTIONS["dynamic"]` called with a Python int length computes
         it in float64 instead and differs by a few float32 ulps (<= 2.5e-7 relative, measured).
         """
-        length = self.max_positions if seq_len is None else max(_check_seq_len(seq_len), self.max_positions)
+        length = self.max_positions if seq_len is None else max(check_seq_len(seq_len), self.max_positions)
         if length == self.max_positions:  # the unscaled base, exactly (transformers' init path)
             return base * ((self.factor * length / self.max_positions) - (self.factor - 1)) ** (dim / (dim - 2))
         grown = torch.tensor(length, dtype=torch.int64)  # float32 from here on, as in transformers' forward
@@ -144,9 +142,7 @@ class DynamicNTK:
         return float(grown)  # a float32 value, exactly representable
 
     def inv_freq(self, base: float, dim: int, seq_len: int | None = None) -> tuple[torch.Tensor, float]:
-        _check_head(base, dim)
-        if dim <= 2:
-            fail("rotary_dim", "more than 2 channels for dynamic NTK scaling", dim)
+        base, dim = check_base(base), _check_dim(dim, minimum=4, why="dynamic NTK scaling")
         return default_inv_freq(self.base_at(base, dim, seq_len), dim), 1.0
 
 
@@ -174,21 +170,20 @@ class YaRN:
     depends_on_length: ClassVar[bool] = False
 
     def __post_init__(self) -> None:
-        check_positive("factor", self.factor)
-        _check_length("original_max_position_embeddings", self.original_max_positions)
+        _set(self, "factor", real("factor", self.factor, gt=0))
+        _set(self, "original_max_positions",
+             integer("original_max_position_embeddings", self.original_max_positions, min=1))
         for arg, default in (("beta_fast", 32.0), ("beta_slow", 1.0)):
-            if getattr(self, arg) is None:  # transformers: `beta_fast or 32`, `beta_slow or 1`
-                object.__setattr__(self, arg, default)
-            check_positive(arg, getattr(self, arg))
+            value = getattr(self, arg)  # None: transformers' `beta_fast or 32`, `beta_slow or 1`
+            _set(self, arg, default if value is None else real(arg, value, gt=0))
         if self.beta_fast <= self.beta_slow:
             fail("beta_fast", f"a value greater than beta_slow={self.beta_slow}", self.beta_fast)
         for arg in ("mscale", "mscale_all_dim"):
             if getattr(self, arg) is not None:
-                check_positive(arg, getattr(self, arg), allow_zero=True)
+                _set(self, arg, real(arg, getattr(self, arg), ge=0))
         if self.attention_factor is not None:
-            check_positive("attention_factor", self.attention_factor)
-        if not isinstance(self.truncate, bool):
-            fail("truncate", "True or False", self.truncate)
+            _set(self, "attention_factor", real("attention_factor", self.attention_factor, gt=0))
+        _set(self, "truncate", boolean("truncate", self.truncate))
 
     def effective_attention_factor(self) -> float:
         """The multiplier applied to cos and sin."""
@@ -219,7 +214,7 @@ class YaRN:
 
     def inv_freq(self, base: float, dim: int, seq_len: int | None = None) -> tuple[torch.Tensor, float]:
         """`([dim/2] float32, attention factor)`; `seq_len` is ignored (YaRN is static)."""
-        _check_head(base, dim)
+        base, dim = check_base(base), _check_dim(dim)
         pos_freqs = base ** (torch.arange(0, dim, 2).to(dtype=torch.float32) / dim)  # [dim/2]
         extrapolation = 1.0 / pos_freqs
         interpolation = 1.0 / (self.factor * pos_freqs)
@@ -252,13 +247,14 @@ class LongRoPE:
     depends_on_length: ClassVar[bool] = True
 
     def __post_init__(self) -> None:
-        _check_length("original_max_position_embeddings", self.original_max_positions)
-        check_positive("attention_factor", self.attention_factor)
+        _set(self, "original_max_positions",
+             integer("original_max_position_embeddings", self.original_max_positions, min=1))
+        _set(self, "attention_factor", real("attention_factor", self.attention_factor, gt=0))
         for arg in ("short_factor", "long_factor"):
             values = getattr(self, arg)
-            if isinstance(values, (str, bytes)) or not hasattr(values, "__len__"):
+            if isinstance(values, (str, bytes, torch.Tensor)) or not hasattr(values, "__len__"):
                 fail(arg, "a list of positive numbers", values)
-            object.__setattr__(self, arg, tuple(float(check_positive(f"{arg}[{i}]", v)) for i, v in enumerate(values)))
+            _set(self, arg, tuple(real(f"{arg}[{i}]", v, gt=0) for i, v in enumerate(values)))
         if len(self.short_factor) != len(self.long_factor):
             fail("long_factor", f"{len(self.short_factor)} values (as many as short_factor)", len(self.long_factor))
 
@@ -270,11 +266,11 @@ class LongRoPE:
 
     def uses_long(self, seq_len: int | None) -> bool:
         """True iff `seq_len > original_max_positions` (strict; None means the short set, as at init)."""
-        return seq_len is not None and _check_seq_len(seq_len) > self.original_max_positions
+        return seq_len is not None and check_seq_len(seq_len) > self.original_max_positions
 
     def inv_freq(self, base: float, dim: int, seq_len: int | None = None) -> tuple[torch.Tensor, float]:
         """`([dim/2] float32, attention factor)` with the short or long divisors chosen by `seq_len`."""
-        _check_head(base, dim)
+        base, dim = check_base(base), _check_dim(dim)
         if len(self.short_factor) != dim // 2:
             fail("short_factor", f"{dim // 2} values (rotary_dim / 2)", len(self.short_factor))
         factors = self.long_factor if self.uses_long(seq_len) else self.short_factor
@@ -296,12 +292,12 @@ class Llama3:
     depends_on_length: ClassVar[bool] = False
 
     def __post_init__(self) -> None:
-        check_positive("factor", self.factor)
-        check_positive("low_freq_factor", self.low_freq_factor)
-        check_positive("high_freq_factor", self.high_freq_factor)
+        for arg in ("factor", "low_freq_factor", "high_freq_factor"):
+            _set(self, arg, real(arg, getattr(self, arg), gt=0))
         if self.low_freq_factor >= self.high_freq_factor:
             fail("low_freq_factor", f"a value below high_freq_factor={self.high_freq_factor}", self.low_freq_factor)
-        _check_length("original_max_position_embeddings", self.original_max_positions)
+        _set(self, "original_max_positions",
+             integer("original_max_position_embeddings", self.original_max_positions, min=1))
 
     def inv_freq(self, base: float, dim: int, seq_len: int | None = None) -> tuple[torch.Tensor, float]:
         """`([dim/2] float32, attention factor 1.0)`; `seq_len` is ignored."""
@@ -318,27 +314,34 @@ class Llama3:
         return torch.where(medium, smoothed, scaled), 1.0
 
 
-def _check_head(base: object, dim: object) -> None:
-    if isinstance(base, bool) or not isinstance(base, numbers.Real) or not math.isfinite(base) or base <= 0:
-        fail("base", "a finite number > 0 (rope_theta)", base)
-    if isinstance(dim, bool) or not isinstance(dim, numbers.Integral) or dim <= 0 or dim % 2:
-        fail("rotary_dim", "a positive even number of channels (rotation pairs)", dim)
+def check_base(base: object) -> float:
+    """The one check of a frequency base (RoPE's theta, a sinusoidal table's 10000): finite, > 0 and != 1."""
+    value = real("base", base, gt=0, what="a finite number > 0 and != 1")
+    if value == 1.0:  # every frequency would be 1: no position information
+        fail("base", "a finite number > 0 and != 1", base)
+    return value
 
 
-def _check_seq_len(seq_len: object) -> int:
-    if isinstance(seq_len, torch.Tensor) and seq_len.numel() == 1 and not seq_len.dtype.is_floating_point:
+def check_seq_len(seq_len: object) -> int:
+    """A sequence length for a length-dependent scaling: an integer >= 0 (a 1-element integer tensor too)."""
+    if isinstance(seq_len, torch.Tensor) and seq_len.numel() == 1 and not seq_len.dtype.is_floating_point \
+            and seq_len.dtype != torch.bool:
         seq_len = int(seq_len)  # transformers passes `max(position_ids) + 1` as a tensor
-    if isinstance(seq_len, bool) or not isinstance(seq_len, numbers.Integral) or seq_len < 0:
-        fail("seq_len", "a non-negative integer (or None)", seq_len)
-    return int(seq_len)
+    return integer("seq_len", seq_len, min=0, what="a non-negative integer")
 
 
-def _check_length(arg: str, value: object) -> None:
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value <= 0:
-        fail(arg, "a positive integer number of positions", value)
+def _check_dim(dim: object, *, minimum: int = 2, why: str = "") -> int:
+    what = "a positive even number of channels (rotation pairs)"
+    value = integer("rotary_dim", dim, min=1, what=what)
+    if value % 2:
+        fail("rotary_dim", what, dim)
+    if value < minimum:
+        fail("rotary_dim", f"more than {minimum - 2} channels for {why}", dim)
+    return value
+
+
+def _set(obj: object, name: str, value: object) -> None:
+    object.__setattr__(obj, name, value)  # frozen dataclass: store the checked, normalised value
 
 
 Scaling = Union[Default, Linear, NTKAware, DynamicNTK, YaRN, LongRoPE, Llama3]
-SCALINGS: dict[str, type] = {
-    cls.name: cls for cls in (Default, Linear, NTKAware, DynamicNTK, YaRN, LongRoPE, Llama3)  # type: ignore[attr-defined]
-}

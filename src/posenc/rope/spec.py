@@ -10,18 +10,16 @@
 
 from __future__ import annotations
 
-import math
-import numbers
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
-from ..errors import check_float_tensor, check_int_positions, check_positive, fail
+from ..errors import boolean, check_float_tensor, choice, fail, integer, positions, real
 from . import tables
 from .apply import LAYOUTS, PAIRINGS, apply_rope
 from .mrope import mrope_axis_map, mrope_cos_sin
-from .scaling import Default, Scaling
+from .scaling import Default, Scaling, check_base, check_seq_len
 
 __all__ = ["Rope"]
 
@@ -55,34 +53,28 @@ class Rope:
     softmax_scale_factor: float = 1.0
 
     def __post_init__(self) -> None:
-        if isinstance(self.head_dim, bool) or not isinstance(self.head_dim, numbers.Integral) or self.head_dim <= 0:
-            fail("head_dim", "a positive integer", self.head_dim)
-        rotary = self.head_dim if self.rotary_dim is None else self.rotary_dim
-        if isinstance(rotary, bool) or not isinstance(rotary, numbers.Integral) or not 0 < rotary <= self.head_dim:
-            fail("rotary_dim", f"an integer in [2, head_dim={self.head_dim}]", rotary)
+        head = integer("head_dim", self.head_dim, min=1)
+        if self.rotary_dim is None:
+            rotary = head
+        else:
+            rotary = integer("rotary_dim", self.rotary_dim, min=1, max=head, what=f"an integer in [2, head_dim={head}]")
         if rotary % 2:
             arg = "rotary_dim" if self.rotary_dim is not None else "head_dim"  # rotary_dim defaults to head_dim
             fail(arg, "an even number of channels (rotation pairs)", rotary)
-        object.__setattr__(self, "head_dim", int(self.head_dim))
-        object.__setattr__(self, "rotary_dim", int(rotary))
-        if isinstance(self.base, bool) or not isinstance(self.base, numbers.Real) or not math.isfinite(self.base):
-            fail("base", "a finite number > 0 (rope_theta)", self.base)
-        if self.base <= 0 or self.base == 1:
-            fail("base", "a finite number > 0 and != 1 (rope_theta)", self.base)
-        object.__setattr__(self, "base", float(self.base))
+        object.__setattr__(self, "head_dim", head)
+        object.__setattr__(self, "rotary_dim", rotary)
+        object.__setattr__(self, "base", check_base(self.base))
         if not hasattr(self.scaling, "inv_freq"):
             fail("scaling", "a scaling rule from posenc.rope.scaling", self.scaling)
-        if self.pairing not in PAIRINGS:
-            fail("pairing", f"one of {PAIRINGS}", self.pairing)
+        choice("pairing", self.pairing, PAIRINGS)
         if self.mrope_section is not None:
             section = tuple(self.mrope_section)
             mrope_axis_map(section, self.mrope_interleaved)  # validates the entries
             if sum(section) != rotary // 2:
                 fail("mrope_section", f"sections summing to rotary_dim / 2 = {rotary // 2}", list(section))
             object.__setattr__(self, "mrope_section", section)
-        object.__setattr__(self, "softmax_scale_factor", check_positive("softmax_scale_factor", self.softmax_scale_factor))
-        if not isinstance(self.mrope_interleaved, bool):
-            fail("mrope_interleaved", "True or False", self.mrope_interleaved)
+        object.__setattr__(self, "softmax_scale_factor", real("softmax_scale_factor", self.softmax_scale_factor, gt=0))
+        object.__setattr__(self, "mrope_interleaved", boolean("mrope_interleaved", self.mrope_interleaved))
         # Fail at construction, not at first use, if the scaling cannot serve this width.
         self.scaling.inv_freq(self.base, rotary, None)
 
@@ -119,9 +111,7 @@ class Rope:
     def seq_len_for(self, position_ids: torch.Tensor, seq_len: int | None = None) -> int | None:
         """The length a length-dependent scaling sees: `seq_len` if given, else `max(position_ids) + 1`."""
         if seq_len is not None:
-            if isinstance(seq_len, bool) or not isinstance(seq_len, numbers.Integral) or seq_len < 0:
-                fail("seq_len", "a non-negative integer", seq_len)
-            return int(seq_len)
+            return check_seq_len(seq_len)
         if not self.scaling.depends_on_length or position_ids.numel() == 0:
             return None
         return int(position_ids.max()) + 1
@@ -134,7 +124,6 @@ class Rope:
         seq_len: int | None = None,
         precision: str = "float32",
         allow_negative: bool = False,
-        compute_dtype: torch.dtype | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """cos/sin tables for explicit positions, attention factor applied.
 
@@ -144,18 +133,20 @@ class Rope:
             precision: "float32" (as checkpoints compute) or "exact" (float64 phase, see `tables`).
             allow_negative: accept negative positions (rotating backwards).
         Returns:
-            `(cos, sin)`, float32, `[t, r/2]` or `[b, t, r/2]`.
+            `(cos, sin)`, float32, `[t, r/2]` or `[b, t, r/2]`, on the positions' device.
+        Raises:
+            PosencError: positions that are not integer `[t]`, `[b, t]` or `[3, b, t]` (for multi-axis
+                RoPE) tensors, negative positions unless allowed, a bad `seq_len` or `precision`.
         """
-        check_int_positions("position_ids", position_ids, allow_negative=allow_negative)
+        position_ids = positions("position_ids", position_ids, shapes=[("t",), ("b", "t"), (3, "b", "t")],
+                                 allow_negative=allow_negative,
+                                 negative_hint="(pass allow_negative=True to rotate backwards)")
         multi_axis = position_ids.ndim == 3
-        if position_ids.ndim not in (1, 2, 3):
-            fail("position_ids", "shape [t], [b, t] or [3, b, t]", position_ids)
         if multi_axis and (self.mrope_section is None or position_ids.shape[0] != 3):
             expected = "[3, b, t] positions" if self.mrope_section else "[t] or [b, t] (this Rope has no mrope_section)"
             fail("position_ids", expected, position_ids)
+        tables.check_precision(precision)
         inv, factor = self.inv_freq(self.seq_len_for(position_ids, seq_len))
-        if precision not in tables.PRECISIONS:
-            fail("precision", f"one of {tables.PRECISIONS}", precision)
         if multi_axis:  # [b, t, r/2], each frequency from the axis that drives it
             return mrope_cos_sin(position_ids, inv, self.mrope_section, interleaved=self.mrope_interleaved,
                                  attention_factor=factor, precision=precision)
@@ -175,7 +166,7 @@ class Rope:
     ) -> torch.Tensor:
         """Rotate one tensor (q or k) at `position_ids`. See `apply` for the arguments."""
         self._check_x("x", x, layout)
-        self._check_positions(position_ids, x, layout, "x")
+        position_ids = self._check_positions(position_ids, x, layout, "x")
         cos, sin = self.cos_sin(position_ids, seq_len=seq_len, precision=precision, allow_negative=allow_negative)
         return apply_rope(x, cos, sin, pairing=self.pairing, layout=layout, compute_dtype=compute_dtype)
 
@@ -214,7 +205,7 @@ class Rope:
         for a in axes:
             if q.shape[a] != k.shape[a]:
                 fail("k", f"size {q.shape[a]} in dim {a} (as q {tuple(q.shape)}; only heads may differ)", k)
-        self._check_positions(position_ids, q, layout, "q")
+        position_ids = self._check_positions(position_ids, q, layout, "q")
         cos, sin = self.cos_sin(position_ids, seq_len=seq_len, precision=precision, allow_negative=allow_negative)
         return (
             apply_rope(q, cos, sin, pairing=self.pairing, layout=layout, compute_dtype=compute_dtype),
@@ -223,15 +214,14 @@ class Rope:
 
     # ---------------------------------------------------------------- checks
     def _check_x(self, arg: str, x: torch.Tensor, layout: str) -> None:
-        if layout not in LAYOUTS or layout == "td":
-            fail("layout", "one of ('bhtd', 'bthd', 'thd')", layout)
+        choice("layout", layout, ("bhtd", "bthd", "thd"))
         check_float_tensor(arg, x, ndim=(LAYOUTS[layout][0],))
         if x.shape[-1] != self.head_dim:
             fail(arg, f"last dim = head_dim = {self.head_dim}", x)
 
-    def _check_positions(self, position_ids: torch.Tensor, x: torch.Tensor, layout: str, arg: str) -> None:
-        if not isinstance(position_ids, torch.Tensor):
-            fail("position_ids", "an integer torch.Tensor", type(position_ids))
+    def _check_positions(self, position_ids: Any, x: torch.Tensor, layout: str, arg: str) -> torch.Tensor:
+        """Positions that fit `x` (tokens, batch, device); their values are checked once, in `cos_sin`."""
+        position_ids = positions("position_ids", position_ids, device=x.device, check_values=False)
         t = x.shape[LAYOUTS[layout][1]]
         if position_ids.ndim == 0 or position_ids.shape[-1] != t:
             fail("position_ids", f"last dim = {t} tokens (as {arg})", position_ids)
@@ -241,3 +231,4 @@ class Rope:
             b = position_ids.shape[-2]
             if b not in (1, x.shape[0]):
                 fail("position_ids", f"batch size 1 or {x.shape[0]} (as {arg})", position_ids)
+        return position_ids

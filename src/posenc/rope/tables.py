@@ -32,9 +32,9 @@ from typing import Literal
 
 import torch
 
-from ..errors import fail
+from ..errors import choice, fail
 
-__all__ = ["angles", "cos_sin", "cos_sin_from_angles", "PRECISIONS"]
+__all__ = ["angles", "cos_sin", "cos_sin_from_angles", "check_precision", "PRECISIONS"]
 
 Precision = Literal["float32", "exact"]
 PRECISIONS = ("float32", "exact")
@@ -45,6 +45,11 @@ _TWO_PI_HI = 6.2831854820251465  # float32(2*pi)
 _TWO_PI_MID = 2 * math.pi - _TWO_PI_HI
 _TWO_PI_LO = 2.4492935982947064e-16
 _EXACT_LIMIT = 2**29  # |p| below this keeps p * float32 frequency exact in float64
+
+
+def check_precision(precision: object) -> str:
+    """The one check of a `precision=` argument: "float32" or "exact"."""
+    return choice("precision", precision, PRECISIONS)
 
 
 def angles(positions: torch.Tensor, inv_freq: torch.Tensor, precision: Precision = "float32") -> torch.Tensor:
@@ -65,17 +70,16 @@ def angles(positions: torch.Tensor, inv_freq: torch.Tensor, precision: Precision
         >>> theta.dtype, abs(float(theta[0, 0]) - (7 - 2 * math.pi)) < 1e-15
         (torch.float64, True)
     """
+    check_precision(precision)
     inv_freq = inv_freq.to(device=positions.device, dtype=torch.float32)
     if precision == "float32":
         # fp32: bf16 positions lose integer precision above 256; the product is rounded once, as in transformers
         return positions.float()[..., None] * inv_freq  # [..., r/2]
-    if precision == "exact":
-        if positions.numel() and int(positions.abs().max()) >= _EXACT_LIMIT:
-            fail("position_ids", "|position| < 2**29 for precision='exact'", int(positions.abs().max()))
-        phase = positions.double()[..., None] * inv_freq.double()  # exact: 24-bit x 29-bit significands
-        turns = torch.round(phase / (2 * math.pi))
-        return ((phase - turns * _TWO_PI_HI) - turns * _TWO_PI_MID) - turns * _TWO_PI_LO  # [..., r/2], in [-pi, pi] up to 1 ulp
-    fail("precision", f"one of {PRECISIONS}", precision)
+    if positions.numel() and int(positions.abs().max()) >= _EXACT_LIMIT:
+        fail("position_ids", "|position| < 2**29 for precision='exact'", int(positions.abs().max()))
+    phase = positions.double()[..., None] * inv_freq.double()  # exact: 24-bit x 29-bit significands
+    turns = torch.round(phase / (2 * math.pi))
+    return ((phase - turns * _TWO_PI_HI) - turns * _TWO_PI_MID) - turns * _TWO_PI_LO  # [..., r/2], in [-pi, pi] up to 1 ulp
 
 
 def cos_sin_from_angles(theta: torch.Tensor, attention_factor: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
