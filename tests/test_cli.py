@@ -86,7 +86,16 @@ def test_config_path_and_unsupported_config(capsys, tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({**cfg, "model_type": "mamba"}))
     code, out, err = run(capsys, "inspect", str(tmp_path))
     assert code == 2 and out == ""
-    assert err.startswith("posenc inspect: error: cannot inspect") and "model_type" in err and "mamba" in err
+    assert err.startswith(f"posenc inspect: error: {tmp_path / 'config.json'}['model_type']: expected one of the known")
+    assert err.rstrip().endswith("got 'mamba'")
+    (tmp_path / "config.json").write_text(json.dumps({**cfg, "num_hidden_layers": 0}))
+    code, out, err = run(capsys, "inspect", str(tmp_path / "config.json"))
+    assert code == 2 and out == ""
+    assert err == f"posenc inspect: error: {tmp_path / 'config.json'}['num_hidden_layers']: expected a positive integer, got 0\n"
+    (tmp_path / "config.json").write_text(json.dumps({**cfg, "rope_scaling": {"rope_type": "linear", "factor": -2.0}}))
+    code, out, err = run(capsys, "plot", "wavelengths", str(tmp_path), "-o", str(tmp_path / "w.png"))
+    assert code == 2 and out == "" and not (tmp_path / "w.png").exists()
+    assert err.startswith(f"posenc plot: error: {tmp_path / 'config.json'}['rope_scaling']['factor']: expected"), err
 
 
 @pytest.mark.parametrize("argv, message", [

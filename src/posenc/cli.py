@@ -22,7 +22,7 @@ from typing import Sequence
 
 from . import __version__
 from . import inspection as ins
-from .errors import PosencError, fail
+from .errors import PosencError, fail, integer
 from .inspect_text import print_rich, render_inspect
 from .plots import PLOT_KINDS
 
@@ -41,25 +41,13 @@ def require(module: str, extra: str) -> None:
         raise PosencError(f"{module} is not installed: pip install 'posenc[{extra}]'") from None
 
 
-def _positive(arg: str, value: int | None) -> None:
-    if value is not None and value <= 0:
-        fail(arg, "a positive integer", value)
-
-
 def _inspect(args: argparse.Namespace) -> int:
-    _positive("--bands", args.bands)
+    integer("--bands", args.bands, min=1)
     if args.format == "rich" and not args.json:
         require("rich", "rich")
     dtypes = tuple(d.strip() for d in args.dtypes.split(",") if d.strip())
     lengths = ins.parse_lengths(args.lengths) if args.lengths is not None else None
-    cfg, source = ins.load_config(args.model)
-    try:
-        report = ins.inspect_model(cfg, lengths=lengths, batch=args.batch, dtypes=dtypes, source=source,
-                                   memory_gib=args.memory)
-    except PosencError as e:
-        if str(e).startswith("--"):  # an option of this command, already named as the user typed it
-            raise
-        raise PosencError(f"cannot inspect {source}: {e}") from None
+    report = ins.inspect_source(args.model, lengths=lengths, batch=args.batch, dtypes=dtypes, memory_gib=args.memory)
     if args.json:
         print(json.dumps(report, indent=2))
     elif args.format == "rich" or (args.format == "auto" and sys.stdout.isatty() and _has_rich()):
@@ -86,7 +74,8 @@ def _plot(args: argparse.Namespace) -> int:
             fail("--length", "one token count such as 4k or 4096", args.length)
         length = lengths[0]
     for arg, value in (("--dim", args.dim), ("--heads", args.heads)):
-        _positive(arg, value)
+        if value is not None:
+            integer(arg, value, min=1)
     path = plots.render(args.kind, args.models, args.output, length=length, dim=args.dim, heads=args.heads)
     print(f"wrote {path}")
     return 0

@@ -24,13 +24,13 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from .errors import PosencError, Raw, check_positive, fail
+from .errors import PosencError, Raw, choice, fail, integer, prefix, real
 from . import hf
 from .hf import KVFacts, config_to_dict, kv_cache_facts, max_positions
 from .rope import scaling as sc
 from .rope.spec import Rope
 
-__all__ = ["load_config", "load_preset", "preset_names", "parse_lengths", "kv_cache_facts", "kv_bytes", "rope_facts", "inspect_model",
+__all__ = ["load_config", "load_preset", "inspect_source", "preset_names", "parse_lengths", "kv_cache_facts", "kv_bytes", "rope_facts", "inspect_model",
            "max_tokens", "target_lengths", "length_label", "DTYPE_BYTES", "KVFacts"]
 
 DTYPE_BYTES = {"fp32": 4.0, "fp16": 2.0, "bf16": 2.0, "fp8": 1.0, "int4": 0.5}  # int4: without quantisation scales
@@ -132,8 +132,7 @@ def length_label(tokens: int) -> str:
 # ---------------------------------------------------------------------------------------------- memory
 def kv_bytes(facts: KVFacts, tokens: int, dtype: str) -> float:
     """KV-cache bytes for one request of `tokens` tokens in `dtype` ("fp16", "bf16", "fp8", "int4", "fp32")."""
-    if dtype not in DTYPE_BYTES:
-        fail("dtype", f"one of {tuple(DTYPE_BYTES)}", dtype)
+    choice("dtype", dtype, tuple(DTYPE_BYTES))
     cached = sum(tokens if w is None else min(tokens, w) for w in facts.windows)  # token-layers held
     return cached * facts.elements * DTYPE_BYTES[dtype]
 
@@ -264,13 +263,11 @@ def inspect_model(
         PosencError: an unsupported or inconsistent config, bad lengths, batch or dtype.
     """
     cfg = config_to_dict(config)
-    if isinstance(batch, bool) or not isinstance(batch, int) or batch <= 0:
-        fail("--batch", "a positive integer", batch)
+    batch = integer("--batch", batch, min=1)
     if not dtypes:
         fail("--dtypes", f"at least one name from {tuple(DTYPE_BYTES)}", Raw("none"))
     for dtype in dtypes:
-        if dtype not in DTYPE_BYTES:
-            fail("--dtypes", f"names from {tuple(DTYPE_BYTES)}", dtype)
+        choice("--dtypes", dtype, tuple(DTYPE_BYTES))
     text = hf.text_config(cfg)
     scheme = hf.position_scheme(text)
     report: dict[str, Any] = {"model": cfg.get("_name_or_path") or source, "source": source,
@@ -293,11 +290,41 @@ def inspect_model(
                           "batch": batch, "dtypes": list(dtypes), "unit": "GB = 2**30 bytes (GiB)", "notes": list(kv.notes),
                           "bytes_per_token": {d: kv_bytes(kv, 1, d) for d in dtypes}, "rows": rows}
     if memory_gib is not None:
-        budget = check_positive("--memory", memory_gib) * GIB
+        budget = real("--memory", memory_gib, gt=0) * GIB
         report["kv_cache"]["memory_gib"] = memory_gib
         report["kv_cache"]["max_tokens"] = {d: max_tokens(kv, budget, d, batch) for d in dtypes} if kv.layers else {}
         report["kv_cache"]["max_tokens_beyond_max"] = {d: beyond(n) for d, n in report["kv_cache"]["max_tokens"].items()}
     return report
+
+
+def inspect_source(model_or_config: str, **options: Any) -> dict[str, Any]:
+    """`load_config` then `inspect_model`, with a bad config's values named under its file or preset.
+
+        >>> inspect_source("llama-2-7b", lengths=[4096])["kv_cache"]["rows"][0]["bytes_per_request"] / 2**30
+        2.0
+
+    Args:
+        model_or_config: a config.json path, a directory holding one, or a preset name.
+        options: `inspect_model`'s keyword arguments (lengths, batch, dtypes, memory_gib).
+    Returns:
+        The `inspect_model` report.
+    Raises:
+        PosencError: a bad option (named as the option, e.g. `--batch`), or a bad config value named
+            by where it is, e.g. `path/config.json['rope_scaling']['factor']: expected ...`.
+    """
+    cfg, source = load_config(model_or_config)
+    where = source.removeprefix("preset ")
+    try:
+        return inspect_model(cfg, source=source, **options)
+    except PosencError as e:
+        if e.arg is not None and e.arg.startswith("--"):  # an option, named as the user typed it
+            raise
+        if e.arg is not None and e.arg.startswith("config[") and e.expected is not None:  # the adapter's name
+            arg = where + e.arg[len("config"):]
+            raise PosencError(f"{arg}: expected {e.expected}, got {e.got}", arg=arg, expected=e.expected,
+                              got=e.got) from None
+        with prefix(where):
+            raise
 
 
 def _other_scheme_facts(scheme: str, cfg: dict[str, Any]) -> dict[str, Any]:

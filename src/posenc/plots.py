@@ -19,7 +19,7 @@ from typing import Any, Sequence
 import torch
 
 from . import inspection as ins
-from .errors import Raw, fail
+from .errors import Raw, fail, integer
 
 PLOT_KINDS = ("sinusoidal", "wavelengths", "decay", "alibi", "t5", "compare")
 
@@ -67,10 +67,7 @@ def _reports(models: Sequence[str], *, rope_only: bool = True) -> list[tuple[str
     """`[(short name, inspect report)]`; refuses an empty list, and non-RoPE models (all of them if not `rope_only`)."""
     if not models:
         fail("MODEL", "at least one preset name or config path", Raw("none"))
-    out = []
-    for model in models:
-        cfg, source = ins.load_config(model)
-        out.append((Path(model).stem if model.endswith(".json") else model, ins.inspect_model(cfg, source=source)))
+    out = [(Path(model).stem if model.endswith(".json") else model, ins.inspect_source(model)) for model in models]
     others = [f"{name!r} ({report['scheme']})" for name, report in out if not report["rope"]]
     if others and (rope_only or len(others) == len(out)):
         fail("MODEL", "a RoPE model for this figure" if rope_only else "at least one RoPE model among the models",
@@ -84,8 +81,7 @@ def _scheme_facts(models: Sequence[str], scheme: str) -> dict[str, Any] | None:
         return None
     if len(models) > 1:
         fail("MODEL", f"at most one {scheme} model for this figure", Raw(" ".join(models)))
-    cfg, source = ins.load_config(models[0])
-    report = ins.inspect_model(cfg, source=source)
+    report = ins.inspect_source(models[0])
     if report["scheme"] != scheme:
         fail("MODEL", f"a model whose position scheme is {scheme}", Raw(f"{models[0]!r} ({report['scheme']})"))
     return report["scheme_facts"]
@@ -299,8 +295,7 @@ def build(kind: str, models: Sequence[str], *, length: int | None = None, dim: i
             continue
         if not used:
             fail(arg, f"nothing for the {kind} figure (it does not use {arg})", value)
-        if isinstance(value, bool) or not isinstance(value, int) or not 0 < value <= limits[arg]:
-            fail(arg, f"a positive integer <= {limits[arg]} for the {kind} figure", value)
+        integer(arg, value, min=1, max=limits[arg], what=f"a positive integer <= {limits[arg]} for the {kind} figure")
     if kind == "sinusoidal":
         if models:
             fail("MODEL", "no model for the sinusoidal figure (it draws the table of --dim)", Raw(" ".join(models)))
