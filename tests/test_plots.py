@@ -161,3 +161,11 @@ def test_score_bound_matches_loop(pairs, base):
     assert_close(score_bound(inv, distances), torch.tensor(expected, dtype=torch.float64))
     assert score_bound(inv, torch.tensor([0]))[0] == pytest.approx((pairs + 1) / 2)
     assert math.isclose(expected[0], (pairs + 1) / 2)
+
+
+def test_compare_keeps_a_models_colour_in_both_panels():
+    waves, memory = build("compare", ["llama-2-7b", "gemma-3-4b", "deepseek-v3"]).axes[:2]
+    colours = {line.get_label(): line.get_color() for line in memory.get_lines() if not line.get_label().startswith("_")}
+    assert set(colours) == {"llama-2-7b", "gemma-3-4b", "deepseek-v3"}
+    for line in waves.get_lines():
+        assert line.get_color() == colours[line.get_label().split(" (")[0]], line.get_label()

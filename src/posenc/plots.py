@@ -229,9 +229,12 @@ def compare_figure(models: Sequence[str]) -> Any:
     fig, (waves, memory) = _figure(1, 2, height=4.6, width=15)
     k = 0
     for m, (name, report) in enumerate(_reports(models, rope_only=False)):
-        for rope in report["rope"]:
+        for n, rope in enumerate(report["rope"]):  # a model's colour in both panels; its second RoPE filled, dashed
+            style = {**_model_style(m), "markevery": (0.015 * (k % 8), 0.12)}
+            if n:
+                style.update(ls=LINESTYLES[(m + n) % len(LINESTYLES)], markerfacecolor=style["color"])
             half = len(rope["scaled_wavelength"])
-            waves.plot([i / half for i in range(half)], rope["scaled_wavelength"], **_model_style(k),
+            waves.plot([i / half for i in range(half)], rope["scaled_wavelength"], **style,
                        label=_label(name, rope, report))
             k += 1
         kv = ins.kv_cache_facts(ins.load_config(models[m])[0])
