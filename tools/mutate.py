@@ -28,6 +28,7 @@ import fnmatch
 import os
 import random
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -191,15 +192,20 @@ def run_forked(work: Path, tests: list[str], timeout: float) -> tuple[str, float
             code = int(pytest.main([*PYTEST_ARGS, *tests]))
         finally:
             os._exit(code)
-    while True:
-        done, status = os.waitpid(pid, os.WNOHANG)
-        if done:
-            break
-        if time.monotonic() - start > timeout:
-            os.kill(pid, 9)
-            os.waitpid(pid, 0)
-            return "timeout", time.monotonic() - start
-        time.sleep(0.05)
+    try:
+        while True:
+            done, status = os.waitpid(pid, os.WNOHANG)
+            if done:
+                break
+            if time.monotonic() - start > timeout:
+                raise TimeoutError
+            time.sleep(0.05)
+    except (TimeoutError, KeyboardInterrupt) as e:
+        os.kill(pid, 9)
+        os.waitpid(pid, 0)
+        if isinstance(e, KeyboardInterrupt):
+            raise
+        return "timeout", time.monotonic() - start
     return ("passed" if os.waitstatus_to_exitcode(status) == 0 else "failed"), time.monotonic() - start
 
 
@@ -262,14 +268,18 @@ def main(argv: list[str] | None = None) -> int:
     files = sorted({p for f in args.files for p in (ROOT.glob(f) if any(c in f for c in "*?[") else [ROOT / f])
                     if p.suffix == ".py" and p.is_file()})
     everything = [m for f in files for m in mutants(f) if not args.line or m.line in args.line]
-    chosen = everything if args.max <= 0 or args.max >= len(everything) else \
-        sorted(random.Random(args.seed).sample(everything, args.max), key=lambda m: (m.file, m.line, m.col, m.what))
+    # a random order, so that a run stopped early (Ctrl-C: the report covers what ran) still samples every file
+    chosen = random.Random(args.seed).sample(everything, len(everything) if args.max <= 0 else min(args.max, len(everything)))
     print(f"{len(everything)} mutants in {len(files)} files; running {len(chosen)}", flush=True)
     if args.list:
-        for m in chosen:
+        for m in sorted(chosen, key=lambda m: (m.file, m.line, m.col, m.what)):
             print(f"{m.file}:{m.line}:{m.col}  {m.what}")
         return 0
 
+    def interrupt(*_: object) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, interrupt)  # `kill PID` stops it like Ctrl-C: restore, clean up, report
     work = copy_repo()
     if fork:
         preload()
@@ -289,6 +299,9 @@ def main(argv: list[str] | None = None) -> int:
             try:
                 target.write_text(m.source)
                 status, seconds = run(work, list(tests), args.timeout or 3 * clean[tests] + 20)
+            except KeyboardInterrupt:
+                print("stopped: reporting the mutants run so far", flush=True)
+                break
             finally:
                 target.write_text(original)  # never leave a mutant in place, even on Ctrl-C
             results.append((m, status, seconds))
@@ -297,7 +310,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
-    survivors = [(m, s) for m, s, _ in results if s == "passed"]
+    survivors = sorted(((m, s) for m, s, _ in results if s == "passed"), key=lambda r: (r[0].file, r[0].line, r[0].col))
     killed = sum(s != "passed" for _, s, _ in results)
     table = [f"{killed} of {len(results)} mutants killed, {len(survivors)} survived", "",
              "| file:line:col | mutation | source line |", "|---|---|---|"]
