@@ -106,7 +106,9 @@ def build_parser() -> argparse.ArgumentParser:
     q = sub.add_parser("plot", help="draw a figure (PNG or SVG) with matplotlib",
                        description="Figures: sinusoidal (table heatmap and channels), wavelengths (RoPE wavelengths"
                        " against L0 and L1 with the scaling's stretch and ramp), decay (RoPE score bound vs distance),"
-                       " alibi (bias per head), t5 (buckets vs relative position), compare (several models side by side).",
+                       " alibi (bias per head: the model's heads, or --heads), t5 (buckets vs relative position: the"
+                       " model's buckets and max distance, or T5's 32 and 128), compare (several models side by side, at"
+                       " least one with RoPE). Needs matplotlib: pip install 'posenc[plot]'.",
                        epilog="example: posenc plot wavelengths llama-3.1-8b -o wavelengths.png")
     q.add_argument("kind", choices=PLOT_KINDS, help="which figure")
     q.add_argument("models", nargs="*", metavar="MODEL",
