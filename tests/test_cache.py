@@ -63,16 +63,20 @@ def test_append_refuses_repeated_or_decreasing_positions_and_overflow():
     cache = KVCache(1, 2, 1, 4, capacity=5, rope=posenc.Rope(head_dim=4))
     cache.reserve(torch.tensor([[0, 1, 2], [0, 1, 2]]))
     before = cache.positions.clone()
-    with pytest.raises(posenc.PosencError, match="past its last cached position 2"):
+    with pytest.raises(posenc.PosencError, match=r"^positions: expected row 0 past its last cached position 2;"):
         cache.reserve(torch.tensor([[2], [3]]))  # first decode position repeats the last prefill position
-    with pytest.raises(posenc.PosencError, match="strictly increasing"):
+    with pytest.raises(posenc.PosencError, match=r"^positions: expected row 0 strictly increasing \(the token before it is at 4\)"):
         cache.reserve(torch.tensor([[4, 4], [3, 4]]))
-    with pytest.raises(posenc.PosencError, match="at most 2 new tokens in row 1"):
+    with pytest.raises(posenc.PosencError, match=r"^positions: expected at most 2 new tokens in row 1 \(capacity 5\), got 3 tokens$"):
         cache.reserve(torch.tensor([[3, 4, 5], [3, 4, 5]]), torch.tensor([[True, True, False], [True] * 3]))
-    with pytest.raises(posenc.PosencError, match="positions >= 0"):
+    with pytest.raises(posenc.PosencError, match=r"^positions: expected positions >= 0 for unmasked tokens, got min -1$"):
         cache.reserve(torch.tensor([[-1], [3]]))
-    with pytest.raises(posenc.PosencError, match="attention_mask"):
+    with pytest.raises(posenc.PosencError, match=r"^mask: expected a bool tensor of shape \(2, 1\)"):
         cache.reserve(torch.tensor([[3], [3]]), torch.tensor([[1], [1]]))
+    with pytest.raises(posenc.PosencError, match=r"^positions: expected shape \[2, t\]"):
+        cache.reserve(torch.tensor([3]))
+    with pytest.raises(posenc.PosencError, match=r"^tokens: expected None or an integer tensor of shape \(2, 1\)"):
+        cache.reserve(torch.tensor([[3], [3]]), tokens=torch.tensor([1, 2]))
     assert torch.equal(cache.positions, before) and cache.lengths.tolist() == [3, 3]
     cache.reserve(torch.tensor([[7, 8], [3, 9]]))  # gaps are fine: positions are logical
     assert cache.next_positions().tolist() == [9, 10]

@@ -166,3 +166,14 @@ def test_rename_reports_the_callers_argument():
     with pytest.raises(PosencError, match=r"^mask: expected x, got 1$"):
         with rename({"positions": "position_ids"}):
             fail("mask", "x", 1)
+
+
+def test_integer_tensor():
+    from posenc.errors import integer_tensor
+
+    assert integer_tensor("n", torch.tensor([1, 2]).to(torch.uint32)).dtype == torch.int64
+    for bad in (torch.tensor([1.0]), torch.tensor([True]), [1], None):
+        with pytest.raises(PosencError, match=r"^n: expected an integer torch\.Tensor, got "):
+            integer_tensor("n", bad)
+    with pytest.raises(PosencError, match=r"^n: expected an integer torch\.Tensor of rank 0 or 1, got tensor of shape \(1, 1\)"):
+        integer_tensor("n", torch.tensor([[1]]), ndim=(0, 1))

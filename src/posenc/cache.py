@@ -17,6 +17,10 @@ When a row's table would change (`retable`), the cache applies its `policy`:
 - "freeze": keep the table chosen when the row was first filled.
 - "refuse": raise PosencError.
 
+A cache of absolute position embeddings (`absolute=True`: the decoder added them to the hidden states, so
+every cached key and value carries its position) cannot relabel slots: `move` and `keep_recent(shift=True)`
+refuse, since only a re-run of the tokens could move them.
+
     >>> import torch, posenc
     >>> cache = KVCache(1, 1, 1, 4, capacity=8, rope=posenc.Rope(head_dim=4))
     >>> slots = cache.reserve(torch.tensor([[5, 6]]))      # two tokens at logical positions 5 and 6
@@ -30,7 +34,7 @@ from typing import Any
 
 import torch
 
-from .errors import Raw, check_int_positions, fail
+from .errors import Raw, boolean, choice, fail, integer, integer_tensor, positions as check_positions
 from .rope.apply import apply_rope
 from .rope.rerotate import rerotation_tables, row_tables, stored_pairing
 from .rope.spec import Rope
@@ -55,6 +59,8 @@ class KVCache:
         policy: what `retable` does when a row's table changes (see the module docstring).
         value_dim: channels per value head (default d).
         dtype, device: of the buffers (the model's dtype).
+        absolute: the keys and values carry absolute position embeddings (Sinusoidal, LearnedPositions
+            added to the hidden states): slots cannot be moved to other positions.
     Attributes:
         k, v: per layer `[b, hk, capacity, d]`; positions `[b, capacity]` int64 (-1 = empty);
         tokens `[b, capacity]` int64 token ids (-1 = unknown); lengths `[b]` filled slots;
@@ -65,16 +71,15 @@ class KVCache:
 
     def __init__(self, num_layers: int, batch_size: int, num_kv_heads: int, head_dim: int, capacity: int, *,
                  rope: Rope | None = None, store: str = "rotated", policy: str = "recompute",
-                 value_dim: int | None = None, dtype: torch.dtype = torch.float32, device: Any = None) -> None:
+                 value_dim: int | None = None, dtype: torch.dtype = torch.float32, device: Any = None,
+                 absolute: bool = False) -> None:
         sizes = dict(num_layers=num_layers, batch_size=batch_size, num_kv_heads=num_kv_heads, head_dim=head_dim,
                      capacity=capacity, value_dim=head_dim if value_dim is None else value_dim)
-        for arg, value in sizes.items():
-            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-                fail(arg, "a positive integer", value)
-        if store not in STORES:
-            fail("store", f"one of {STORES}", store)
-        if policy not in POLICIES:
-            fail("policy", f"one of {POLICIES}", policy)
+        sizes = {arg: integer(arg, value, min=1) for arg, value in sizes.items()}
+        num_layers, batch_size, num_kv_heads, head_dim, capacity = (sizes[a] for a in list(sizes)[:5])
+        choice("store", store, STORES)
+        choice("policy", policy, POLICIES)
+        self.absolute = boolean("absolute", absolute)
         if rope is not None and (not isinstance(rope, Rope) or rope.head_dim != head_dim):
             fail("rope", f"None or a posenc.Rope with head_dim={head_dim}", rope)
         if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
@@ -125,32 +130,42 @@ class KVCache:
 
         New positions of a row must be >= 0, strictly increasing, past the row's last cached position,
         and fit in the free slots. Masked tokens (padding) are ignored and never enter the cache.
+
+        Args:
+            positions: `[b, t]` integer logical positions.
+            mask: `[b, t]` bool, False for padding (default: no padding).
+        Raises:
+            PosencError: naming `positions` or `mask` (a caller such as the decoder re-raises them under
+                its own argument names with `posenc.errors.rename`).
         """
         b = self.batch_size
-        check_int_positions("position_ids", positions, allow_negative=True)
-        if positions.ndim != 2 or positions.shape[0] != b:
-            fail("position_ids", f"shape [b={b}, t]", positions)
+        positions = check_positions("positions", positions, shapes=[(b, "t")], allow_negative=True,
+                                    device=self.positions.device).long()
         if mask is None:
             mask = torch.ones(positions.shape, dtype=torch.bool, device=positions.device)
         if not isinstance(mask, torch.Tensor) or mask.dtype != torch.bool or mask.shape != positions.shape:
-            fail("attention_mask", f"a bool tensor of shape {tuple(positions.shape)}", mask)
+            fail("mask", f"a bool tensor of shape {tuple(positions.shape)}", mask)
         big = torch.iinfo(torch.long).max
-        real = positions.long().masked_fill(~mask, big)  # [b, t]; padding never constrains anything
+        real = positions.masked_fill(~mask, big)  # [b, t]; padding never constrains anything
         if bool((real < 0).any()):
-            fail("position_ids", "positions >= 0 for unmasked tokens", Raw(f"min {int(real.min())}"))
+            fail("positions", "positions >= 0 for unmasked tokens", Raw(f"min {int(real.min())}"))
         prev = torch.cat((self.next_positions()[:, None] - 1, real), dim=1)  # [b, 1 + t]
         prev = torch.cummax(prev.masked_fill(prev == big, -1), dim=1).values[:, :-1]  # last real position before
         bad = mask & (real <= prev)
         if bool(bad.any()):
             row, col = (int(i) for i in bad.nonzero()[0])
-            fail("position_ids", f"row {row} strictly increasing and past its last cached position "
-                 f"{int(prev[row, col])} (each position holds one token)", int(positions[row, col]))
+            before = int(prev[row, col])
+            if bool(mask[row, :col].any()):  # the clash is inside this call, not with the cache
+                what = f"row {row} strictly increasing (the token before it is at {before})"
+            else:
+                what = f"row {row} past its last cached position {before}"
+            fail("positions", f"{what}; each position holds one token", int(positions[row, col]))
         free = self.capacity - self.lengths
         count = mask.sum(dim=1)  # [b]
         if bool((count > free).any()):
             row = int((count > free).nonzero()[0])
-            fail("input_ids", f"at most {int(free[row])} new tokens in row {row} (capacity {self.capacity})",
-                 int(count[row]))
+            fail("positions", f"at most {int(free[row])} new tokens in row {row} (capacity {self.capacity})",
+                 Raw(f"{int(count[row])} tokens"))
         return mask
 
     def reserve(self, positions: torch.Tensor, mask: torch.Tensor | None = None,
@@ -167,6 +182,10 @@ class KVCache:
             PosencError: see `check_append`.
         """
         mask = self.check_append(positions, mask)
+        positions = check_positions("positions", positions, allow_negative=True).long()  # unsigned as int64
+        if tokens is not None and (not isinstance(tokens, torch.Tensor) or tokens.shape != positions.shape
+                                   or tokens.dtype.is_floating_point or tokens.dtype == torch.bool):
+            fail("tokens", f"None or an integer tensor of shape {tuple(positions.shape)}", tokens)
         slots = self.lengths[:, None] + mask.long().cumsum(dim=1) - 1  # [b, t]
         slots = slots.masked_fill(~mask, -1)
         rows, cols = mask.nonzero(as_tuple=True)
@@ -296,19 +315,25 @@ class KVCache:
 
     def rollback(self, n: int | torch.Tensor) -> None:
         """Drop the last `n` tokens of each row (`n` int or `[b]`), e.g. rejected speculative tokens."""
-        n = torch.as_tensor(n, device=self.lengths.device)
-        if n.dtype.is_floating_point or n.dtype == torch.bool or n.ndim > 1 or bool((n < 0).any()) \
-                or bool((n > self.lengths).any()):
-            fail("n", f"an integer (or [b] integers) in [0, lengths={self.lengths.tolist()}]", n)
+        what = f"an integer (or [b={self.batch_size}] integers) in [0, lengths={self.lengths.tolist()}]"
+        if isinstance(n, torch.Tensor):
+            n = integer_tensor("n", n, ndim=(0, 1), what=what).to(self.lengths.device)
+            if n.ndim == 1 and n.shape[0] != self.batch_size:
+                fail("n", what, n)
+        else:
+            n = torch.tensor(integer("n", n, what=what), device=self.lengths.device)
+        if bool(((n < 0) | (n > self.lengths)).any()):
+            fail("n", what, Raw(str(n.tolist())))
         slot = torch.arange(self.capacity, device=self.lengths.device)
         self.keep(slot[None, :] < (self.lengths - n)[:, None])
 
     def reorder(self, index: torch.Tensor) -> None:
         """Rows become `old_rows[index]` (beam search); every row keeps its own positions."""
-        if not isinstance(index, torch.Tensor) or index.dtype.is_floating_point or index.ndim != 1 \
-                or index.dtype == torch.bool or bool(((index < 0) | (index >= self.batch_size)).any()):
-            fail("index", f"a 1-D integer tensor of rows in [0, {self.batch_size})", index)
-        index = index.long().to(self.lengths.device)
+        what = f"a 1-D integer tensor of rows in [0, {self.batch_size})"
+        index = integer_tensor("index", index, ndim=(1,), what=what)
+        if bool(((index < 0) | (index >= self.batch_size)).any()):
+            fail("index", what, Raw(str(index.tolist())))
+        index = index.to(self.lengths.device)
         for name in ("positions", "tokens", "lengths", "table_len"):
             setattr(self, name, getattr(self, name)[index])
         self.k = [k[index] for k in self.k]
@@ -319,10 +344,15 @@ class KVCache:
 
         With `shift=True` the kept tokens move to contiguous positions starting at the row's first kept
         position; rotated keys are rotated by the position difference (no recomputation).
+
+        Raises:
+            PosencError: a window < 1 or sinks < 0; `shift=True` on a cache of absolute position embeddings.
         """
-        for arg, value, low in (("window", window, 1), ("sinks", sinks, 0)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < low:
-                fail(arg, f"an integer >= {low}", value)
+        window = integer("window", window, min=1, what="an integer >= 1")
+        sinks = integer("sinks", sinks, min=0)
+        if boolean("shift", shift) and self.absolute:
+            fail("shift", "False for a cache of absolute position embeddings (its keys and values carry their "
+                 "positions; re-run the kept tokens to move them)", True)
         slot = torch.arange(self.capacity, device=self.lengths.device)[None, :]  # [1, cap]
         self.keep((slot < sinks) | (slot >= self.lengths[:, None] - window))
         if shift:
@@ -334,15 +364,21 @@ class KVCache:
 
         Rotated storage turns each key from its old position to its new one with the row's table
         (`rerotation_tables`); unrotated storage and bias schemes just read the new positions.
+
+        Raises:
+            PosencError: positions of another shape, negative or not increasing on filled slots; a cache of
+                absolute position embeddings (`absolute=True`) given positions that differ from its own.
         """
-        if not isinstance(new_positions, torch.Tensor) or new_positions.shape != self.positions.shape:
-            fail("new_positions", f"an integer tensor of shape {tuple(self.positions.shape)}", new_positions)
-        check_int_positions("new_positions", new_positions, allow_negative=True)
+        new_positions = check_positions("new_positions", new_positions, shapes=[tuple(self.positions.shape)],
+                                        allow_negative=True, device=self.positions.device)
         valid = self.valid()
         new_positions = torch.where(valid, new_positions.long(), -1)
         step = new_positions[:, 1:] - new_positions[:, :-1]
         if bool((valid & (new_positions < 0)).any()) or bool((valid[:, 1:] & (step <= 0)).any()):
             fail("new_positions", "positions >= 0, strictly increasing along each row's filled slots", new_positions)
+        if self.absolute and not torch.equal(new_positions, self.positions):
+            fail("new_positions", "the current positions: this cache's keys and values carry absolute position "
+                 "embeddings, which cannot be moved (re-run the tokens at their new positions)", new_positions)
         if self.store == "rotated" and self.rope is not None:
             self._rerotate(self.lengths > 0, new_positions, self.table_len)
         self.positions = new_positions

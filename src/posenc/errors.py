@@ -41,6 +41,7 @@ __all__ = [
     "boolean",
     "choice",
     "positions",
+    "integer_tensor",
     "check_positive",
     "check_int_positions",
     "batch_positions",
@@ -270,6 +271,19 @@ def positions(arg: str, x: Any, *, shapes: Sequence[Sequence[Any]] | None = None
     if check_values and not allow_negative and x.numel() and bool((x < 0).any()):
         fail(arg, "positions >= 0" + (f" {negative_hint}" if negative_hint else ""), Raw(f"min {int(x.min())}"))
     return x
+
+
+def integer_tensor(arg: str, x: Any, *, ndim: tuple[int, ...] | None = None, what: str | None = None) -> torch.Tensor:
+    """Return `x` as int64 after checking it is a tensor of an integer dtype (not bool), of one of the ranks.
+
+    For integer tensors that are not positions (counts, row indices); `what` is the "expected" text.
+    """
+    what = what or "an integer torch.Tensor" + ("" if ndim is None else f" of rank {' or '.join(map(str, ndim))}")
+    if not isinstance(x, torch.Tensor) or x.dtype.is_floating_point or x.dtype.is_complex or x.dtype == torch.bool:
+        fail(arg, what, x)
+    if ndim is not None and x.ndim not in ndim:
+        fail(arg, what, x)
+    return x.long()
 
 
 def check_positive(arg: str, value: Any, *, allow_zero: bool = False) -> float:

@@ -34,9 +34,9 @@ from torch import nn
 
 from ..attention import encoding_kind
 from ..cache import KVCache
-from ..errors import batch_positions, fail
+from ..errors import batch_positions, fail, integer, integer_tensor, rename
 from ..rope.spec import Rope
-from .layers import DecoderLayer, RMSNorm
+from .layers import DecoderLayer, RMSNorm, Step
 
 __all__ = ["Decoder"]
 
@@ -64,16 +64,15 @@ class Decoder(nn.Module):
         super().__init__()
         sizes = dict(vocab_size=vocab_size, hidden_size=hidden_size, num_layers=num_layers, num_heads=num_heads,
                      intermediate_size=intermediate_size, num_kv_heads=num_kv_heads or num_heads)
-        for key, value in sizes.items():  # constructor arguments: the message names the argument itself
-            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-                fail(key, "a positive integer", value)
-        num_kv_heads = sizes["num_kv_heads"]
+        sizes = {key: integer(key, value, min=1) for key, value in sizes.items()}  # messages name the argument
+        vocab_size, hidden_size, num_layers, num_heads, intermediate_size, num_kv_heads = sizes.values()
         if num_heads % num_kv_heads:
             fail("num_kv_heads", f"a divisor of num_heads={num_heads}", num_kv_heads)
         if head_dim is None:
             if hidden_size % num_heads:
                 fail("hidden_size", f"a multiple of num_heads={num_heads} (or give head_dim)", hidden_size)
             head_dim = hidden_size // num_heads
+        head_dim = integer("head_dim", head_dim, min=1)
         self.kind = encoding_kind(encoding)
         if self.kind == "rope" and encoding.head_dim != head_dim:
             fail("encoding", f"a Rope with head_dim={head_dim}", encoding)
@@ -82,9 +81,10 @@ class Decoder(nn.Module):
         if self.kind == "absolute" and encoding.embedding(torch.zeros(1, dtype=torch.long)).shape[-1] != hidden_size:
             fail("encoding", f"an absolute scheme whose embedding has width hidden_size={hidden_size}", encoding)
         layer_windows = (None,) * num_layers if layer_windows is None else tuple(layer_windows)
-        if len(layer_windows) != num_layers or any(
-                w is not None and (isinstance(w, bool) or not isinstance(w, int) or w < 1) for w in layer_windows):
-            fail("layer_windows", f"{num_layers} entries, each None or an integer >= 1", layer_windows)
+        what = f"{num_layers} entries, each None or an integer >= 1"
+        if len(layer_windows) != num_layers:
+            fail("layer_windows", what, layer_windows)
+        layer_windows = tuple(None if w is None else integer("layer_windows", w, min=1, what=what) for w in layer_windows)
         self.layer_windows = layer_windows
         self.vocab_size, self.num_heads = vocab_size, num_heads
         self.num_kv_heads, self.head_dim = num_kv_heads, head_dim
@@ -137,7 +137,8 @@ class Decoder(nn.Module):
         """
         weight = self.embed_tokens.weight
         return KVCache(len(self.layers), batch_size, self.num_kv_heads, self.head_dim, capacity, rope=self.rope,
-                       store=store, policy=policy, dtype=weight.dtype, device=weight.device)
+                       store=store, policy=policy, dtype=weight.dtype, device=weight.device,
+                       absolute=self.kind == "absolute")
 
     # ---------------------------------------------------------------- forward
     def forward(self, input_ids: torch.Tensor, *, position_ids: torch.Tensor | None = None,
@@ -168,9 +169,12 @@ class Decoder(nn.Module):
         if position_ids is None:
             positions = start[:, None] + mask.long().cumsum(dim=1) - 1  # [b, t]
         else:
-            positions = batch_positions("position_ids", position_ids, b, t)  # [b, t]; negatives fail in check_append
+            positions = batch_positions("position_ids", position_ids, b, t,  # [b, t]; negatives fail in check_append
+                                        device=cache.positions.device)
         positions = positions.masked_fill(~mask, 0)  # padding: a placeholder, never cached or counted
-        cache.check_append(positions, mask)  # validates before anything changes
+        names = {"positions": "input_ids" if position_ids is None else "position_ids", "mask": "attention_mask"}
+        with rename(names):  # the cache's checks, reported under this forward's argument names
+            cache.check_append(positions, mask)  # validates before anything changes
         seq_lens = torch.maximum(start, (positions + 1).masked_fill(~mask, 0).max(dim=1).values)  # [b], per row
         if self.rope is not None and self.rope.scaling.depends_on_length:
             redo = cache.retable(seq_lens)
@@ -188,13 +192,14 @@ class Decoder(nn.Module):
             h = h + self.encoding.embedding(positions).to(h.dtype)  # [b, t, hidden]
         w = cache.width
         key_positions = cache.positions[:, :w]  # [b, w]
-        step = dict(slots=slots, positions=positions, key_positions=key_positions, key_mask=key_positions >= 0,
-                    cos=None, sin=None, key_tables=None, scale=self.scale,
-                    bias=self.encoding if self.kind == "bias" else None, windows=self.layer_windows)
+        cos = sin = key_tables = None
         if self.rope is not None:
-            step["cos"], step["sin"] = cache.tables(positions)  # [b, t, r/2], each row at its table_len
+            cos, sin = cache.tables(positions)  # [b, t, r/2], each row at its table_len
             if cache.store == "unrotated":
-                step["key_tables"] = cache.tables(key_positions)  # [b, w, r/2], shared by every layer
+                key_tables = cache.tables(key_positions)  # [b, w, r/2], shared by every layer
+        step = Step(slots=slots, positions=positions, key_positions=key_positions, key_mask=key_positions >= 0,
+                    scale=self.scale, windows=self.layer_windows, bias=self.encoding if self.kind == "bias" else None,
+                    cos=cos, sin=sin, key_tables=key_tables)
         for i, layer in enumerate(self.layers):
             h = layer(h, i, step, cache)  # [b, t, hidden]
         return self.lm_head(self.norm(h))  # [b, t, vocab]
@@ -220,9 +225,10 @@ class Decoder(nn.Module):
 
     # ---------------------------------------------------------------- checks
     def _check_inputs(self, input_ids: Any, attention_mask: Any, cache: Any) -> tuple[torch.Tensor, torch.Tensor]:
-        if not isinstance(input_ids, torch.Tensor) or input_ids.dtype.is_floating_point \
-                or input_ids.dtype == torch.bool or input_ids.ndim != 2 or input_ids.shape[1] == 0:
-            fail("input_ids", "an integer tensor of shape [b, t] with t >= 1", input_ids)
+        what = "an integer tensor of shape [b, t] with t >= 1"
+        input_ids = integer_tensor("input_ids", input_ids, ndim=(2,), what=what)  # int64: uint16/32/64 do not compare
+        if input_ids.shape[1] == 0:
+            fail("input_ids", what, input_ids)
         if input_ids.numel() and (int(input_ids.min()) < 0 or int(input_ids.max()) >= self.vocab_size):
             fail("input_ids", f"token ids in [0, vocab_size={self.vocab_size})",
                  f"ids in [{int(input_ids.min())}, {int(input_ids.max())}]")

@@ -11,6 +11,7 @@ Parameter names follow transformers' Llama (`q_proj`, `k_proj`, `v_proj`, `o_pro
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -20,7 +21,35 @@ from ..attention import attention
 from ..cache import KVCache
 from ..rope.apply import apply_rope
 
-__all__ = ["RMSNorm", "SwiGLU", "Attention", "DecoderLayer"]
+__all__ = ["Step", "RMSNorm", "SwiGLU", "Attention", "DecoderLayer"]
+
+
+@dataclass(frozen=True)
+class Step:
+    """What every layer of one forward shares (built once per forward by the decoder).
+
+    Attributes:
+        slots: `[b, t]` cache slot of each new token (-1 for padding), from `KVCache.reserve`.
+        positions: `[b, t]` logical positions of the new tokens.
+        key_positions: `[b, w]` positions of the cache slots a read covers (-1 = empty).
+        key_mask: `[b, w]` bool, filled slots.
+        scale: softmax scale.
+        windows: per layer, a sliding window or None.
+        bias: the bias scheme (ALiBi, T5) handed to attention, or None.
+        cos, sin: `[b, t, r/2]` RoPE tables of the new tokens (None without RoPE).
+        key_tables: `(cos, sin)` `[b, w, r/2]` of the cached keys for unrotated storage, else None.
+    """
+
+    slots: torch.Tensor
+    positions: torch.Tensor
+    key_positions: torch.Tensor
+    key_mask: torch.Tensor
+    scale: float
+    windows: tuple[int | None, ...]
+    bias: Any = None
+    cos: torch.Tensor | None = None
+    sin: torch.Tensor | None = None
+    key_tables: tuple[torch.Tensor, torch.Tensor] | None = None
 
 
 class RMSNorm(nn.Module):
@@ -69,18 +98,18 @@ class Attention(nn.Module):
         self.v_proj = nn.Linear(hidden_size, num_kv_heads * head_dim, bias=bias)
         self.o_proj = nn.Linear(num_heads * head_dim, hidden_size, bias=bias)
 
-    def forward(self, x: torch.Tensor, layer: int, step: dict[str, Any], cache: KVCache) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, layer: int, step: Step, cache: KVCache) -> torch.Tensor:
         b, t, _ = x.shape
         q = self.q_proj(x).view(b, t, self.num_heads, self.head_dim).transpose(1, 2)  # [b, hq, t, d]
         k = self.k_proj(x).view(b, t, self.num_kv_heads, self.head_dim).transpose(1, 2)  # [b, hk, t, d]
         v = self.v_proj(x).view(b, t, self.num_kv_heads, self.head_dim).transpose(1, 2)  # [b, hk, t, d]
         if cache.rope is not None:
-            q = apply_rope(q, step["cos"], step["sin"], pairing=cache.rope.pairing)
-        cache.write(layer, k, v, step["slots"], step["cos"], step["sin"])
-        keys, values = cache.read(layer, step["key_tables"])  # [b, hk, w, d]
-        out = attention(q, keys, values, q_positions=step["positions"], k_positions=step["key_positions"],
-                        encoding=step["bias"], causal=True, key_mask=step["key_mask"], scale=step["scale"],
-                        window=step["windows"][layer])
+            q = apply_rope(q, step.cos, step.sin, pairing=cache.rope.pairing)
+        cache.write(layer, k, v, step.slots, step.cos, step.sin)
+        keys, values = cache.read(layer, step.key_tables)  # [b, hk, w, d]
+        out = attention(q, keys, values, q_positions=step.positions, k_positions=step.key_positions,
+                        encoding=step.bias, causal=True, key_mask=step.key_mask, scale=step.scale,
+                        window=step.windows[layer])
         return self.o_proj(out.transpose(1, 2).reshape(b, t, -1))  # [b, t, hidden]
 
 
@@ -95,6 +124,6 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(hidden_size, eps)
         self.mlp = SwiGLU(hidden_size, intermediate_size, mlp_bias)
 
-    def forward(self, h: torch.Tensor, layer: int, step: dict[str, Any], cache: KVCache) -> torch.Tensor:
+    def forward(self, h: torch.Tensor, layer: int, step: Step, cache: KVCache) -> torch.Tensor:
         h = h + self.self_attn(self.input_layernorm(h), layer, step, cache)  # [b, t, hidden]
         return h + self.mlp(self.post_attention_layernorm(h))

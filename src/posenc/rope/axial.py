@@ -26,7 +26,7 @@ from typing import Any
 
 import torch
 
-from ..errors import fail, integer
+from ..errors import fail, integer, integer_tensor
 from ..errors import positions as check_positions
 from . import tables
 from .scaling import default_inv_freq
@@ -47,9 +47,7 @@ def vision_patch_positions(grid_thw: Any, spatial_merge_size: int = 2) -> torch.
     """
     m = integer("spatial_merge_size", spatial_merge_size, min=1, what="an integer >= 1")
     if isinstance(grid_thw, torch.Tensor):
-        if grid_thw.dtype.is_floating_point or grid_thw.dtype == torch.bool or grid_thw.ndim != 2:
-            fail("grid_thw", "an integer tensor of shape [n, 3]", grid_thw)
-        grid_thw = grid_thw.tolist()
+        grid_thw = integer_tensor("grid_thw", grid_thw, ndim=(2,), what="an integer tensor of shape [n, 3]").tolist()
     if not isinstance(grid_thw, (list, tuple)) or any(not isinstance(g, (list, tuple)) or len(g) != 3 for g in grid_thw):
         fail("grid_thw", "an integer tensor or list of shape [n, 3] (T, H, W per row)", grid_thw)
     parts = [torch.zeros(0, 2, dtype=torch.int64)]

@@ -22,7 +22,7 @@ from typing import Any, Sequence
 
 import torch
 
-from ..errors import fail, integer, real
+from ..errors import fail, integer, integer_tensor, real
 
 __all__ = ["mrope_segment_positions", "mrope_position_ids"]
 
@@ -131,9 +131,10 @@ def _grid_rows(arg: str, grids: Any, merge: int) -> list[tuple[int, int, int]]:
     """`[n, 3]` (T, H, W) rows as Python ints, checked."""
     if grids is None:
         return []
-    rows = grids.tolist() if isinstance(grids, torch.Tensor) else grids
-    if isinstance(grids, torch.Tensor) and (grids.dtype.is_floating_point or grids.dtype == torch.bool):
-        fail(arg, "an integer tensor of shape [n, 3]", grids)
+    if isinstance(grids, torch.Tensor):
+        rows = integer_tensor(arg, grids, what="an integer tensor of shape [n, 3]").tolist()
+    else:
+        rows = grids
     if not isinstance(rows, (list, tuple)) or any(not isinstance(r, (list, tuple)) or len(r) != 3 for r in rows):
         fail(arg, "an integer tensor or list of shape [n, 3] (T, H, W per row)", grids)
     out = []
@@ -243,10 +244,8 @@ def mrope_position_ids(
         >>> pos[:, 0].tolist(), delta.tolist()
         ([[0, 1, 2, 2, 2, 2, 4, 5], [0, 1, 2, 2, 3, 3, 4, 5], [0, 1, 2, 3, 2, 3, 4, 5]], [[-2]])
     """
-    if not isinstance(input_ids, torch.Tensor) or input_ids.ndim != 2:
-        fail("input_ids", "an integer tensor of shape [b, t]", input_ids)
-    if input_ids.dtype.is_floating_point or input_ids.dtype == torch.bool or input_ids.dtype.is_complex:
-        fail("input_ids", "an integer tensor of shape [b, t]", input_ids)
+    device = input_ids.device if isinstance(input_ids, torch.Tensor) else None
+    input_ids = integer_tensor("input_ids", input_ids, ndim=(2,), what="an integer tensor of shape [b, t]")
     batch, length = input_ids.shape
     if attention_mask is None:
         keep = torch.ones(batch, length, dtype=torch.bool)
@@ -289,4 +288,4 @@ def mrope_position_ids(
     for kind in ("image", "video"):
         if used[kind] != len(grids[kind]):
             fail(f"{kind}_grid_thw", f"{used[kind]} rows (one per {kind} block in input_ids)", f"{len(grids[kind])} rows")
-    return position_ids.to(input_ids.device), deltas.to(input_ids.device)
+    return position_ids.to(device), deltas.to(device)
