@@ -3,8 +3,11 @@
 Each test names the mutant it kills (file:line as found, the mutation); the behaviour it pins is documented.
 """
 
+import pytest
 import torch
+from conftest import assert_close
 
+from posenc import Rope
 from posenc.cache import KVCache
 
 
@@ -16,3 +19,18 @@ def test_fresh_cache_marks_every_slot_empty_and_unknown():
     cache.reserve(torch.tensor([[7, 8]]).expand(3, 2))  # positions without token ids: the ids stay unknown
     assert torch.equal(cache.tokens, torch.full((3, 5), -1))
     assert torch.equal(cache.positions[:, :2], torch.tensor([[7, 8]] * 3))
+
+
+@pytest.mark.parametrize("store", ["rotated", "unrotated"])
+def test_move_to_position_zero(store):
+    """cache.py `move`: `new_positions < 0` refused, mutant `< 1`: moving a kept key to position 0 is valid and exact."""
+    rope = Rope(head_dim=8)
+    gen = torch.Generator().manual_seed(0)
+    k = torch.randn(1, 2, 3, 8, generator=gen, dtype=torch.float64)
+    v = torch.randn(1, 2, 3, 8, generator=gen, dtype=torch.float64)
+    moved, direct = (KVCache(1, 1, 2, 8, capacity=4, rope=rope, store=store, dtype=torch.float64) for _ in range(2))
+    moved.write(0, k, v, moved.reserve(torch.tensor([[5, 6, 7]])))
+    moved.move(torch.tensor([[0, 1, 2, -1]]))
+    direct.write(0, k, v, direct.reserve(torch.tensor([[0, 1, 2]])))
+    assert torch.equal(moved.positions, torch.tensor([[0, 1, 2, -1]]))
+    assert_close(moved.read(0)[0], direct.read(0)[0], dtype=torch.float32)  # keys rotated by -5 in float32 tables

@@ -40,17 +40,18 @@ ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_FILES = ["src/posenc/rope/*.py", "src/posenc/cache.py", "src/posenc/hf/*.py"]
 # which test files exercise a source file (glob patterns under tests/); a file not listed runs the whole suite
 TESTS = {
-    "rope/scaling.py": ["test_scaling.py", "test_rope_invariants.py", "test_hf_parity.py", "test_hf_*.py"],
+    "rope/scaling.py": ["test_scaling.py", "test_rope_invariants.py", "test_hf_parity.py", "test_hf_*.py",
+                        "test_validation.py"],
     "rope/spec.py": ["test_rope_invariants.py", "test_rope_errors.py", "test_rope_properties.py", "test_hf_parity.py",
                      "test_precision.py"],
     "rope/tables.py": ["test_rope_invariants.py", "test_precision.py", "test_hf_parity.py", "test_mrope.py"],
     "rope/apply.py": ["test_rope_invariants.py", "test_rope_properties.py", "test_rope_errors.py", "test_hf_parity.py"],
-    "rope/rerotate.py": ["test_rerotate.py", "test_cache.py"],
+    "rope/rerotate.py": ["test_rerotate.py", "test_cache*.py"],
     "rope/mrope.py": ["test_mrope.py", "test_rope_invariants.py"],
     "rope/mrope_positions.py": ["test_mrope_positions.py"],
     "rope/axial.py": ["test_axial.py"],
     "rope/__init__.py": ["test_import.py"],
-    "cache.py": ["test_cache.py", "test_decode_policies.py", "test_decoder.py"],
+    "cache.py": ["test_cache*.py", "test_decode_policies.py", "test_decoder.py", "test_mutation_survivors.py"],
     "hf/rope.py": ["test_hf_*.py", "test_inspect.py", "test_decoder.py"],
     "hf/facts.py": ["test_hf_*.py", "test_inspect.py", "test_decoder.py", "test_cli.py"],
     "hf/__init__.py": ["test_hf_*.py", "test_inspect.py"],
