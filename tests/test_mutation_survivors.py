@@ -34,3 +34,13 @@ def test_move_to_position_zero(store):
     direct.write(0, k, v, direct.reserve(torch.tensor([[0, 1, 2]])))
     assert torch.equal(moved.positions, torch.tensor([[0, 1, 2, -1]]))
     assert_close(moved.read(0)[0], direct.read(0)[0], dtype=torch.float32)  # keys rotated by -5 in float32 tables
+
+
+def test_dropped_slots_become_empty_and_unknown():
+    """cache.py `keep`: dropped slots' token ids masked to -1, mutant -1 -> -2: a rolled-back slot is unknown again."""
+    cache = KVCache(1, 2, 1, 4, capacity=4)
+    cache.reserve(torch.tensor([[3, 4, 5], [0, 1, 2]]), tokens=torch.tensor([[10, 11, 12], [20, 21, 22]]))
+    cache.rollback(torch.tensor([1, 2]))
+    assert torch.equal(cache.tokens, torch.tensor([[10, 11, -1, -1], [20, -1, -1, -1]]))
+    assert torch.equal(cache.positions, torch.tensor([[3, 4, -1, -1], [0, -1, -1, -1]]))
+    assert torch.equal(cache.lengths, torch.tensor([2, 1]))
