@@ -7,7 +7,7 @@ import pytest
 import torch
 from conftest import assert_close
 
-from posenc import Rope
+from posenc import PosencError, Rope, apply_rope
 from posenc.cache import KVCache
 
 
@@ -44,3 +44,13 @@ def test_dropped_slots_become_empty_and_unknown():
     assert torch.equal(cache.tokens, torch.tensor([[10, 11, -1, -1], [20, -1, -1, -1]]))
     assert torch.equal(cache.positions, torch.tensor([[3, 4, -1, -1], [0, -1, -1, -1]]))
     assert torch.equal(cache.lengths, torch.tensor([2, 1]))
+
+
+def test_apply_rope_refuses_an_integer_sin_table():
+    """rope/apply.py `check_table`: mutant dropping `check_float_tensor("sin", sin)` rotated by an integer table."""
+    x = torch.ones(1, 1, 2, 4)
+    cos, sin = Rope(head_dim=4).cos_sin(torch.arange(2))
+    with pytest.raises(PosencError, match=r"^sin: expected a floating-point dtype.*dtype torch\.int64$"):
+        apply_rope(x, cos, sin.long())
+    with pytest.raises(PosencError, match=r"^sin: expected a floating-point torch\.Tensor, got list$"):
+        apply_rope(x, cos, sin.tolist())
