@@ -88,17 +88,17 @@ def test_relative_offset_property(k):
 def test_sinusoidal_value_and_errors():
     enc = Sinusoidal(8, layout="fairseq", padding_idx=1)
     assert_close(enc.embedding(torch.arange(4)), sinusoidal_table(torch.arange(4), 8, layout="fairseq"))
-    for call in (
-        lambda: sinusoidal_table(torch.tensor([-1]), 8),
-        lambda: sinusoidal_table(torch.arange(3.0), 8),
-        lambda: sinusoidal_table(torch.arange(3), 0),
-        lambda: sinusoidal_table(torch.arange(3), 3, layout="fairseq"),
-        lambda: sinusoidal_table(torch.arange(3), 8, layout="sin_cos"),
-        lambda: sinusoidal_table(torch.arange(3), 8, base=-1.0),
-        lambda: sinusoidal_table(torch.arange(3), 8, layout="fairseq", padding_idx=-1),
-        lambda: Sinusoidal(8, layout="nope"),
+    for call, pattern in (
+        (lambda: sinusoidal_table(torch.tensor([-1]), 8), r"^positions: expected positions >= 0"),
+        (lambda: sinusoidal_table(torch.arange(3.0), 8), r"^positions: expected an integer dtype"),
+        (lambda: sinusoidal_table(torch.arange(3), 0), r"^dim: expected .*, got 0$"),
+        (lambda: sinusoidal_table(torch.arange(3), 3, layout="fairseq"), r"^dim: expected .*fairseq.*, got 3$"),
+        (lambda: sinusoidal_table(torch.arange(3), 8, layout="sin_cos"), r"^layout: expected one of .*'sin_cos'"),
+        (lambda: sinusoidal_table(torch.arange(3), 8, base=-1.0), r"^base: expected .*, got -1.0$"),
+        (lambda: sinusoidal_table(torch.arange(3), 8, layout="fairseq", padding_idx=-1), r"^padding_idx: expected"),
+        (lambda: Sinusoidal(8, layout="nope"), r"^layout: expected one of .*'nope'"),
     ):
-        with pytest.raises(PosencError):
+        with pytest.raises(PosencError, match=pattern):
             call()
 
 
@@ -110,10 +110,12 @@ def test_learned_lookup_offset_and_errors():
     assert torch.equal(out[0, 0], table.weight[2].detach()) and torch.equal(out[0, 1], table.weight[9].detach())
     with pytest.raises(PosencError, match=r"positions: expected positions < 8 .*got max 8$"):
         table(torch.tensor([8]))
-    with pytest.raises(PosencError):
+    with pytest.raises(PosencError, match=r"^positions: expected positions >= 0"):
         table(torch.tensor([-1]))
-    for call in (lambda: LearnedPositions(0, 4), lambda: LearnedPositions(4, 4, offset=4), lambda: table.resize(0)):
-        with pytest.raises(PosencError):
+    for call, pattern in ((lambda: LearnedPositions(0, 4), r"^num_positions: expected .*, got 0$"),
+                          (lambda: LearnedPositions(4, 4, offset=4), r"^offset: expected .*, got 4$"),
+                          (lambda: table.resize(0), r"^max_positions: expected .*, got 0$")):
+        with pytest.raises(PosencError, match=pattern):
             call()
 
 
@@ -138,12 +140,12 @@ def test_resize_grid_equals_vit_interpolation():
     cfg = vit.ViTConfig(hidden_size=8, image_size=16, patch_size=4, num_channels=3)  # 4x4 patches + CLS
     emb = vit.ViTEmbeddings(cfg)
     with torch.no_grad():
-        emb.position_embeddings.normal_()
+        emb.position_embeddings.normal_(generator=torch.Generator().manual_seed(0))
     ours = LearnedPositions(17, 8, offset=1)
     with torch.no_grad():
         ours.weight.copy_(emb.position_embeddings[0])
     ref = emb.interpolate_pos_encoding(torch.zeros(1, 1 + 6 * 3, 8), height=24, width=12)[0]  # 6x3 patches
     got = ours.resize_grid((4, 4), (6, 3)).weight.detach()
     assert_close(got, ref.detach())
-    with pytest.raises(PosencError):
+    with pytest.raises(PosencError, match=r"^grid: expected height \* width = 16 .*, got \(4, 5\)"):
         ours.resize_grid((4, 5), (6, 3))

@@ -6,7 +6,6 @@ import pytest
 import torch
 from conftest import TOL, assert_close
 
-import posenc
 from posenc import ALiBi, LearnedPositions, PosencError, Rope, Sinusoidal, T5RelativeBias
 from posenc.attention import attention
 
@@ -75,9 +74,6 @@ def test_eager_bias_equals_loop_reference(gen, scheme, causal):
     assert_close(out.double(), ref, dtype=torch.float32)
 
 
-WORST = {}
-
-
 @pytest.mark.parametrize("impl", ["flex", "sdpa"])
 @pytest.mark.parametrize("scheme", list(SCHEMES))
 @pytest.mark.parametrize("causal", [True, False])
@@ -92,9 +88,6 @@ def test_flex_and_sdpa_equal_eager(gen, impl, scheme, causal, shape):
     with torch.no_grad():
         eager = attention(q, k, v, **kw)
         other = attention(q, k, v, impl=impl, **kw)
-    diff = float((other - eager).abs().max())
-    WORST[(impl, scheme)] = max(WORST.get((impl, scheme), 0.0), diff)
-    print(f"{impl} vs eager, {scheme}, causal={causal}, shape={tuple(q.shape)}: max |diff| = {diff:.3g}")
     torch.testing.assert_close(other, eager, atol=1e-5, rtol=0)  # the bar: fp32, 1e-5 absolute
 
 
@@ -158,7 +151,7 @@ def test_rows_with_no_visible_key_are_zero(gen, impl):
 def test_no_nan_gradient_with_empty_rows(gen):
     q = torch.randn(1, 1, 2, 4, generator=gen, requires_grad=True)
     k = torch.randn(1, 1, 2, 4, generator=gen, requires_grad=True)
-    out = attention(q, k, torch.randn(1, 1, 2, 4), q_positions=torch.tensor([0, 5]), k_positions=torch.tensor([3, 4]))
+    out = attention(q, k, torch.randn(1, 1, 2, 4, generator=gen), q_positions=torch.tensor([0, 5]), k_positions=torch.tensor([3, 4]))
     out.sum().backward()
     assert torch.isfinite(q.grad).all() and torch.isfinite(k.grad).all()
 
@@ -186,8 +179,8 @@ def test_t5_scale_one(gen):
 @pytest.mark.parametrize(
     "kwargs, arg",
     [
-        (dict(k=torch.randn(1, 3, 5, 8), v=torch.randn(1, 3, 5, 8)), "k"),  # 4 query heads, 3 key heads
-        (dict(v=torch.randn(1, 2, 4, 8)), "v"),
+        (dict(k=torch.ones(1, 3, 5, 8), v=torch.ones(1, 3, 5, 8)), "k"),  # 4 query heads, 3 key heads
+        (dict(v=torch.ones(1, 2, 4, 8)), "v"),
         (dict(q_positions=torch.arange(3.0)), "q_positions"),
         (dict(k_positions=torch.arange(4)), "k_positions"),
         (dict(key_mask=torch.ones(1, 5)), "key_mask"),
@@ -200,15 +193,11 @@ def test_t5_scale_one(gen):
     ],
 )
 def test_bad_input_raises(kwargs, arg):
-    args = dict(q=torch.randn(1, 4, 3, 8), k=torch.randn(1, 2, 5, 8), v=torch.randn(1, 2, 5, 8),
+    args = dict(q=torch.ones(1, 4, 3, 8), k=torch.ones(1, 2, 5, 8), v=torch.ones(1, 2, 5, 8),  # shapes are what matter
                 q_positions=torch.arange(2, 5), k_positions=torch.arange(5))
     args.update(kwargs)
     with pytest.raises(PosencError, match=f"^{arg}: expected"):
         attention(**args)
-
-
-def test_public_name():
-    assert posenc.attention.attention is attention
 
 
 @pytest.mark.parametrize("impl", ["eager", "sdpa", "flex"])

@@ -4,7 +4,6 @@ Oracles: transformers' `get_vision_position_ids`, `Qwen2VLVisionRotaryEmbedding`
 `apply_rotary_pos_emb_vision`; hand-written patch orders; float64 2x2 rotations per pair.
 """
 
-import math
 
 import pytest
 import torch
@@ -14,6 +13,7 @@ from posenc import PosencError
 from posenc.rope.axial import axial_cos_sin, vision_patch_positions
 
 from conftest import assert_close
+from oracles import rotate_angles
 
 transformers = pytest.importorskip("transformers")
 from transformers.models.qwen2_vl import modeling_qwen2_vl as qwen2_vl  # noqa: E402
@@ -57,17 +57,14 @@ def test_rotation_pairs_against_explicit_2x2(gen):
     cos, sin = axial_cos_sin(positions, head_dim)
     got = posenc.apply_rope(x, cos.double(), sin.double(), layout="thd")
     half = head_dim // 2
+    angles = torch.zeros(len(positions), 1, half, dtype=torch.float64)  # [t, 1, pairs]
     for i, (row, col) in enumerate(positions.tolist()):
         for j in range(half):
             axis_pos, f = (row, j) if j < half // 2 else (col, j - half // 2)
-            inv = 10000.0 ** (-2 * f / half)  # per-axis width head_dim/2
-            angle = axis_pos * inv
-            rot = torch.tensor([[math.cos(angle), -math.sin(angle)], [math.sin(angle), math.cos(angle)]], dtype=torch.float64)
-            pair = torch.stack((x[i, :, j], x[i, :, j + half]))  # [2, heads]
-            want = rot @ pair
-            # float32 tolerance: the table's angles are float32 (as the checkpoint), the oracle's float64
-            assert_close(got[i, :, j].float(), want[0].float())
-            assert_close(got[i, :, j + half].float(), want[1].float())
+            angles[i, 0, j] = axis_pos * 10000.0 ** (-2 * f / half)  # per-axis width head_dim/2
+    want = rotate_angles(x, angles)  # [t, heads, head_dim], split-half pairs (j, j + half)
+    # float32 tolerance: the table's angles are float32 (as the checkpoint), the oracle's float64
+    assert_close(got.float(), want.float())
 
 
 def test_three_axes_and_exact_precision():

@@ -13,25 +13,9 @@ import posenc
 from posenc.cache import KVCache, rerotation_tables, row_tables
 from posenc.rope.scaling import default_inv_freq
 from conftest import assert_close
+from oracles import rotate_pairs
 
 F64 = torch.float64
-
-
-def rotate_pairs(x, cos, sin, pairing):
-    """Oracle: rotate each channel pair of x [b, h, t, d] by the per-pair table [b, t, r/2] (float64)."""
-    c, s = cos.double()[:, None], sin.double()[:, None]  # [b, 1, t, r/2]
-    half = c.shape[-1]
-    out = x.clone()
-    if pairing == "split_half":
-        i, j = torch.arange(half), torch.arange(half) + half
-    else:  # interleaved
-        i, j = 2 * torch.arange(half), 2 * torch.arange(half) + 1
-    a, b = x[..., i], x[..., j]
-    if pairing == "interleaved_to_split_half":
-        out[..., : 2 * half] = torch.cat((a * c - b * s, b * c + a * s), -1)
-    else:
-        out[..., i], out[..., j] = a * c - b * s, b * c + a * s
-    return out
 
 
 def fill(cache, positions, gen, mask=None):
@@ -71,7 +55,7 @@ def test_read_returns_keys_rotated_at_slot_positions(name, store, gen):
         for row in range(3):
             kept = mask[row].nonzero().flatten()
             cos, sin = rope.cos_sin(pos[row, kept])  # [n, r/2]
-            expected = rotate_pairs(raws[layer][row:row + 1, :, kept], cos[None], sin[None], rope.pairing)
+            expected = rotate_pairs(raws[layer][row:row + 1, :, kept], cos, sin, rope.pairing)
             assert_close(keys[row:row + 1, :, : len(kept)], expected)
 
 
@@ -152,7 +136,7 @@ def test_keep_recent_with_sinks_and_shift_equals_reencoding(gen):
             for row in range(2):
                 raw = raws[layer][row:row + 1, :, kept[row]]  # [1, hk, 5, d]
                 cos, sin = rope.cos_sin(rotated.positions[row, :5])
-                assert_close(k_rot[row:row + 1], rotate_pairs(raw, cos[None], sin[None], rope.pairing))
+                assert_close(k_rot[row:row + 1], rotate_pairs(raw, cos, sin, rope.pairing))
 
 
 def test_move_refuses_unordered_positions(gen):
@@ -193,7 +177,7 @@ def test_rerotate_policy_equals_the_new_table(scaling, store, gen):
         keys = cache.read(layer)[0]
         for row, length in ((0, 5), (1, 20)):
             cos, sin = rope.cos_sin(pos[row], seq_len=length)
-            assert_close(keys[row:row + 1], rotate_pairs(raws[layer][row:row + 1], cos[None], sin[None], "split_half"))
+            assert_close(keys[row:row + 1], rotate_pairs(raws[layer][row:row + 1], cos, sin, "split_half"))
 
 
 def test_rerotation_tables_compose_to_the_new_table():

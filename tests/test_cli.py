@@ -35,6 +35,7 @@ def test_readme_command_prints_the_seed_table(capsys):
     fp16 = header.index("fp16")
     assert [(r[0], r[fp16]) for r in rows] == [
         ("4k", "2 GB / 32 GB"), ("32k*", "16 GB / 256 GB"), ("128k*", "64 GB / 1024 GB")]
+    assert "* beyond the model's declared maximum of 4096 positions" in out
     assert "GB = 2**30 bytes, i.e. GiB" in out and "per batch of 16" in out
     assert "512 KiB" in out
 
@@ -85,7 +86,16 @@ def test_config_path_and_unsupported_config(capsys, tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({**cfg, "model_type": "mamba"}))
     code, out, err = run(capsys, "inspect", str(tmp_path))
     assert code == 2 and out == ""
-    assert err.startswith("posenc inspect: error: cannot inspect") and "model_type" in err and "mamba" in err
+    assert err.startswith(f"posenc inspect: error: {tmp_path / 'config.json'}['model_type']: expected one of the known")
+    assert err.rstrip().endswith("got 'mamba'")
+    (tmp_path / "config.json").write_text(json.dumps({**cfg, "num_hidden_layers": 0}))
+    code, out, err = run(capsys, "inspect", str(tmp_path / "config.json"))
+    assert code == 2 and out == ""
+    assert err == f"posenc inspect: error: {tmp_path / 'config.json'}['num_hidden_layers']: expected a positive integer, got 0\n"
+    (tmp_path / "config.json").write_text(json.dumps({**cfg, "rope_scaling": {"rope_type": "linear", "factor": -2.0}}))
+    code, out, err = run(capsys, "plot", "wavelengths", str(tmp_path), "-o", str(tmp_path / "w.png"))
+    assert code == 2 and out == "" and not (tmp_path / "w.png").exists()
+    assert err.startswith(f"posenc plot: error: {tmp_path / 'config.json'}['rope_scaling']['factor']: expected"), err
 
 
 @pytest.mark.parametrize("argv, message", [
@@ -116,3 +126,77 @@ def test_python_dash_m(tmp_path):
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert "2 GB / 32 GB" in done.stdout
+
+
+def test_version(capsys):
+    import posenc
+
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--version"])
+    assert exit_info.value.code == 0
+    assert capsys.readouterr().out == f"posenc {posenc.__version__}\n"
+
+
+@pytest.mark.parametrize("argv, module, extra", [
+    (["inspect", "llama-2-7b", "--format", "rich"], "rich", "rich"),
+    (["plot", "alibi", "-o", "x.png"], "matplotlib", "plot"),
+])
+def test_missing_optional_package_is_one_line(capsys, monkeypatch, tmp_path, argv, module, extra):
+    monkeypatch.chdir(tmp_path)
+    for name in [m for m in sys.modules if m == module or m.startswith(module + ".")]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setitem(sys.modules, module, None)  # `import module` now raises ImportError, as when not installed
+    code, out, err = run(capsys, *argv)
+    assert code == 2 and out == ""
+    assert err == f"posenc {argv[0]}: error: {module} is not installed: pip install 'posenc[{extra}]'\n"
+    assert not (tmp_path / "x.png").exists()
+
+
+def test_missing_rich_is_fine_for_auto_and_json(capsys, monkeypatch):
+    monkeypatch.setitem(sys.modules, "rich", None)
+    assert run(capsys, "inspect", "llama-2-7b", "--format", "auto")[0] == 0
+    assert run(capsys, "inspect", "llama-2-7b", "--format", "rich", "--json")[0] == 0
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["inspect", "llama-2-7b", "--dtypes", ""], "--dtypes: expected at least one name from ('fp32'"),
+    (["inspect", "llama-2-7b", "--dtypes", " , "], "--dtypes: expected at least one name"),
+    (["inspect", "llama-2-7b", "--lengths", ""], "--lengths: expected comma-separated token counts"),
+    (["inspect", "llama-2-7b", "--lengths", "4k,8000000m"], "--lengths: expected whole numbers of tokens in [1, 4294967296]"),
+    (["inspect", "llama-2-7b", "--bands", "0"], "--bands: expected a positive integer, got 0"),
+    (["inspect", "llama-2-7b", "--bands", "-3"], "--bands: expected a positive integer, got -3"),
+    (["inspect", "llama-2-7b", "--bands", "65"], "--bands: expected at most the 64 rotation pairs of all layers, got 65"),
+    (["inspect", "missing/config.json"], "MODEL_OR_CONFIG: expected an existing config.json or directory,"
+                                         " got 'missing/config.json' (file not found)"),
+])
+def test_bad_options_are_named(capsys, argv, message):
+    code, out, err = run(capsys, *argv)
+    assert code == 2 and out == ""
+    assert err.startswith(f"posenc inspect: error: {message}"), err
+    assert err.count("\n") == 1  # one line
+
+
+def test_memory_beyond_the_maximum_is_starred(capsys):
+    code, out, _ = run(capsys, "inspect", "llama-3.1-8b", "--memory", "80", "--dtypes", "fp16,int4", "--format", "plain")
+    assert code == 0
+    assert "80 GB holds, in fp16 at batch 1: 655360* tokens (640k) per request" in out
+    assert "* beyond the model's declared maximum of 131072 positions" in out
+    code, out, _ = run(capsys, "inspect", "llama-3.1-8b", "--memory", "1", "--dtypes", "fp16", "--format", "plain")
+    assert "1 GB holds, in fp16 at batch 1: 8192 tokens (8k) per request" in out and "declared maximum" not in out
+
+
+@pytest.mark.parametrize("name", ins.preset_names())
+def test_default_plain_output_fits_80_columns(capsys, name):
+    code, out, _ = run(capsys, "inspect", name, "--format", "plain")
+    assert code == 0
+    assert max(len(line) for line in out.splitlines()) <= 80, max(out.splitlines(), key=len)
+
+
+@pytest.mark.parametrize("columns", [80, 100])
+def test_rich_never_crops_a_table(capsys, monkeypatch, columns):
+    monkeypatch.setenv("COLUMNS", str(columns))
+    code, out, _ = run(capsys, "inspect", "llama-3.1-8b", "--format", "rich", "--lengths", "4k,128k", "--batch", "16")
+    assert code == 0
+    assert "\u2026" not in out  # rich's ellipsis: a cell cut short
+    assert max(len(line) for line in out.splitlines()) <= columns
+    assert "16 GB / 256 GB" in out and "609226..2.56e6" in out

@@ -15,6 +15,7 @@ import posenc
 from posenc.bias import ALiBi, T5RelativeBias
 from posenc.models import Decoder
 from conftest import assert_close
+from oracles import rotate_pairs
 
 L0 = 16  # the original length of every length-dependent scaling below
 
@@ -65,14 +66,11 @@ def reference_logits(m, ids, positions, visible=None, seq_len=None):
     t, hq, hk, d = len(ids), m.num_heads, m.num_kv_heads, m.head_dim
     seq_len = int(positions.max()) + 1 if seq_len is None else seq_len
     cos, sin = (x.double() for x in m.rope.cos_sin(positions, seq_len=seq_len))  # [t, r/2]
-    half = cos.shape[-1]
     allowed = torch.tensor([[bool(k <= q) if visible is None else bool(visible(int(q), int(k)))
                              for k in positions] for q in positions])  # [t, t]
 
-    def rotate(x):  # [t, h, d], split-half pairs (i, i + r/2)
-        a, b = x[..., :half], x[..., half:2 * half]
-        c, s = cos[:, None], sin[:, None]
-        return torch.cat((a * c - b * s, b * c + a * s, x[..., 2 * half:]), -1)
+    def rotate(x):  # [t, h, d], split-half pairs (i, i + r/2), the rest passed through
+        return rotate_pairs(x, cos[:, None], sin[:, None])
 
     h = m.embed_tokens.weight[ids]  # [t, hidden]
     for layer in m.layers:

@@ -42,3 +42,49 @@ def test_plot_commands_run(tmp_path, capsys, command, shown):
     pixels = imread(tmp_path / Path(documented).name)
     assert pixels.shape[0] >= 250 and pixels[..., :3].std() > 0.05
     assert (DOC.parents[1] / documented).is_file()
+
+
+README = DOC.parents[1] / "README.md"
+
+
+def readme_example():
+    blocks = re.findall(r"```python\n(.*?)```", README.read_text(), re.S)
+    runnable = [b for b in blocks if "load_preset(" in b]
+    assert len(runnable) == 1, "README needs one runnable example that loads a bundled preset"
+    return runnable[0]
+
+
+def test_readme_example_runs(capsys):
+    code = readme_example()
+    exec(compile(code, str(README), "exec"), {"__name__": "readme"})
+    printed = capsys.readouterr().out.splitlines()
+    claimed = re.findall(r"print\(.*\)\s+# (tensor\(True\))", code)
+    assert len(claimed) == 2 and printed == claimed  # each print shows what its comment says
+
+
+def test_readme_install_names_every_extra_and_the_size_warning():
+    import tomllib
+
+    extras = tomllib.loads((README.parent / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    text = README.read_text()
+    install = text[text.index("## Install"):text.index("## A first run")]
+    for extra in extras:
+        assert extra in install, extra
+    for extra in ("plot", "rich", "hf", "test"):
+        assert f"pip install 'posenc[{extra}]'" in install
+    assert "torch==2.13.0" in install and "CUDA" in install and "whl/cpu" in install
+    assert "60 GiB" in text and "`Decoder.from_hf_config` builds the config's full size" in text
+
+
+def test_readme_decoder_size_claim():
+    """The README's 60 GiB: llama-3.1-8b's parameter count, counted on the meta device (nothing allocated)."""
+    import torch
+
+    from posenc.inspection import load_preset
+    from posenc.models import Decoder
+
+    with torch.device("meta"):
+        model = Decoder.from_hf_config(load_preset("llama-3.1-8b"))
+    params = sum(p.numel() for p in model.parameters())
+    assert 8.0e9 <= params <= 8.1e9
+    assert round(params * 8 / 2**30) == 60 and round(params * 4 / 2**30) == 30

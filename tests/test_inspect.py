@@ -54,10 +54,51 @@ def test_load_config_from_file_and_directory(tmp_path):
     assert ins.load_config("LLAMA-2-7B")[1] == "preset llama-2-7b"
 
 
-@pytest.mark.parametrize("text", ["not-a-model", "/nonexistent/config.json"])
-def test_unknown_model_names_the_presets(text):
+def test_unknown_model_names_the_presets():
     with pytest.raises(PosencError, match="MODEL_OR_CONFIG: expected .*llama-2-7b"):
+        ins.load_config("not-a-model")
+
+
+@pytest.mark.parametrize("text", ["/nonexistent/config.json", "missing.json", "no/such/dir"])
+def test_missing_path_says_file_not_found(text):
+    with pytest.raises(PosencError, match=r"MODEL_OR_CONFIG: expected an existing .*\(file not found\)"):
         ins.load_config(text)
+
+
+def test_load_preset_is_a_fresh_config():
+    cfg = ins.load_preset("LLaMA-3.1-8B")
+    assert cfg == ins.load_config("llama-3.1-8b")[0] and cfg["rope_scaling"]["factor"] == 8.0
+    cfg["rope_theta"] = 1.0
+    assert ins.load_preset("llama-3.1-8b")["rope_theta"] == 500000.0
+    with pytest.raises(PosencError, match="name: expected a bundled preset .*llama-2-7b"):
+        ins.load_preset("llama-9")
+
+
+@pytest.mark.parametrize("text, message", [
+    ("", "--lengths: expected comma-separated"),
+    ("4k,", "--lengths: expected comma-separated"),
+    ("0", r"--lengths: expected whole numbers of tokens in \[1, 4294967296\]"),
+    ("4097m", r"--lengths: expected whole numbers of tokens in \[1, 4294967296\] \(4096m\), got '4097m'"),
+    ("1e9", "--lengths: expected comma-separated"),
+])
+def test_parse_lengths_refuses(text, message):
+    with pytest.raises(PosencError, match=message):
+        ins.parse_lengths(text)
+
+
+def test_parse_lengths_bounds():
+    assert ins.parse_lengths("4096m, 1.5k,1") == [2**32, 1536, 1]
+    with pytest.raises(PosencError, match="--length: expected"):
+        ins.parse_lengths("2k,x", "--length")
+
+
+def test_rows_past_the_maximum_are_flagged():
+    r = report("llama-2-7b", lengths=[4096, 4097], dtypes=("fp16",), memory_gib=80.0)
+    assert [row["beyond_max"] for row in r["kv_cache"]["rows"]] == [False, True]
+    assert r["kv_cache"]["max_tokens"]["fp16"] == 80 * 2**30 // (512 * 1024)  # 163840 > 4096
+    assert r["kv_cache"]["max_tokens_beyond_max"] == {"fp16": True}
+    with pytest.raises(PosencError, match=r"--dtypes: expected at least one name from \('fp32'"):
+        report("llama-2-7b", dtypes=())
 
 
 def test_bad_files(tmp_path):

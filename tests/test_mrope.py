@@ -14,6 +14,7 @@ from posenc.rope.mrope_positions import mrope_position_ids
 from posenc.rope.scaling import default_inv_freq
 
 from conftest import assert_close
+from oracles import rotate_angles
 
 transformers = pytest.importorskip("transformers")
 from transformers.models.qwen2_vl import modeling_qwen2_vl as qwen2_vl  # noqa: E402
@@ -39,19 +40,15 @@ def _multimodal_positions():
 
 
 def _loop_reference(x, pos3, inv_freq, axis_of):
-    """float64 per-token, per-frequency 2x2 rotation of the split-half pairs (i, i + r/2)."""
+    """float64 per-token, per-frequency 2x2 rotation of the split-half pairs (i, i + r/2), angles from the axis map."""
     b, h, t, d = x.shape
     half = inv_freq.numel()
-    out = x.double().clone()
+    angles = torch.zeros(b, 1, t, half)  # [b, 1, t, r/2]: the checkpoint convention, float32(p) * inv_freq
     for bi in range(b):
         for ti in range(t):
             for j in range(half):
-                angle = float(pos3[axis_of(j), bi, ti]) * float(inv_freq[j])
-                rot = torch.tensor([[torch.cos(torch.tensor(angle)), -torch.sin(torch.tensor(angle))],
-                                    [torch.sin(torch.tensor(angle)), torch.cos(torch.tensor(angle))]], dtype=torch.float64)
-                pair = torch.stack((x[bi, :, ti, j], x[bi, :, ti, j + half]), dim=0).double()  # [2, h]
-                out[bi, :, ti, j], out[bi, :, ti, j + half] = rot @ pair
-    return out
+                angles[bi, 0, ti, j] = pos3[axis_of(j), bi, ti].float() * inv_freq[j].float()
+    return rotate_angles(x, angles)  # cos and sin of those angles in float64
 
 
 def test_sectioned_matches_transformers_qwen2_vl():
@@ -60,7 +57,8 @@ def test_sectioned_matches_transformers_qwen2_vl():
         hidden_size=256, num_attention_heads=2,
         rope_parameters={"rope_type": "default", "rope_theta": 1e6, "mrope_section": [16, 24, 24]},
     )
-    q, k = torch.randn(2, 2, 30, 128), torch.randn(2, 1, 30, 128)
+    gen = torch.Generator().manual_seed(0)
+    q, k = torch.randn(2, 2, 30, 128, generator=gen), torch.randn(2, 1, 30, 128, generator=gen)
     cos, sin = qwen2_vl.Qwen2VLRotaryEmbedding(config)(q, pos)  # [2, 30, 128]
     want_q, want_k = qwen2_vl.apply_rotary_pos_emb(q, k, cos, sin)
     rope = posenc.Rope(head_dim=128, base=1e6, mrope_section=(16, 24, 24))
@@ -77,7 +75,7 @@ def test_interleaved_matches_transformers_qwen3_vl():
         hidden_size=256, num_attention_heads=2, head_dim=128,
         rope_parameters={"rope_type": "default", "rope_theta": 5e6, "mrope_section": [24, 20, 20], "mrope_interleaved": True},
     )
-    q = torch.randn(2, 3, 30, 128, dtype=torch.bfloat16)
+    q = torch.randn(2, 3, 30, 128, dtype=torch.bfloat16, generator=torch.Generator().manual_seed(0))
     cos, sin = qwen3_vl.Qwen3VLTextRotaryEmbedding(config)(q.float(), pos)  # [2, 30, 128] float32
     want, _ = qwen3_vl.apply_rotary_pos_emb(q.float(), q.float(), cos, sin)
     rope = posenc.Rope(head_dim=128, base=5e6, mrope_section=(24, 20, 20), mrope_interleaved=True)

@@ -7,6 +7,7 @@ holds the product without rounding), reduced mod 2*pi with a 200-bit pi. Run wit
 import pytest
 import torch
 from conftest import assert_close
+from oracles import rotate_angles
 
 from posenc import Rope
 from posenc.rope import tables
@@ -108,9 +109,7 @@ def test_bf16_input_uses_float32_angles():
     # against a float64 oracle, within the bf16 tolerance
     inv = default_inv_freq(1e4, 64).double()
     ang = pos.double()[:, None] * inv  # [t, 32]
-    xb = x.bfloat16().double()
-    first, second = xb[..., :32], xb[..., 32:]
-    ref = torch.cat((first * ang.cos() - second * ang.sin(), second * ang.cos() + first * ang.sin()), -1)
+    ref = rotate_angles(x.bfloat16(), ang)  # [1, 2, 64, 64] float64
     assert_close(out, ref.bfloat16())
     # the hazard this avoids: angles made from bf16 positions are off by whole radians
     bad = pos.bfloat16().double()[:, None] * inv

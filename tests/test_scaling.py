@@ -5,6 +5,7 @@ import warnings
 
 import pytest
 import torch
+from conftest import assert_close
 
 from posenc import PosencError, Rope
 from posenc.rope.scaling import Default, DynamicNTK, Linear, Llama3, LongRoPE, NTKAware, YaRN, default_inv_freq
@@ -124,6 +125,9 @@ def test_yarn_factor_one_is_default():
         inv, af = YaRN(1.0, 4096).inv_freq(1e4, d)
         assert_rel(inv, closed_default(1e4, d))
         assert af == 1.0
+    pos = torch.arange(0, 3000, 17)  # and so are the tables a Rope builds from it
+    for got, want in zip(Rope(head_dim=64, scaling=YaRN(1.0, 4096)).cos_sin(pos), Rope(head_dim=64).cos_sin(pos)):
+        assert_close(got, want)
 
 
 @pytest.mark.parametrize("seq_len,long", [(None, False), (0, False), (4095, False), (4096, False), (4097, True)])

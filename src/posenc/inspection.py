@@ -24,17 +24,18 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from .errors import PosencError, check_positive, fail
+from .errors import PosencError, Raw, choice, fail, integer, prefix, real
 from . import hf
 from .hf import KVFacts, config_to_dict, kv_cache_facts, max_positions
 from .rope import scaling as sc
 from .rope.spec import Rope
 
-__all__ = ["load_config", "preset_names", "parse_lengths", "kv_cache_facts", "kv_bytes", "rope_facts", "inspect_model",
+__all__ = ["load_config", "load_preset", "inspect_source", "preset_names", "parse_lengths", "kv_cache_facts", "kv_bytes", "rope_facts", "inspect_model",
            "max_tokens", "target_lengths", "length_label", "DTYPE_BYTES", "KVFacts"]
 
 DTYPE_BYTES = {"fp32": 4.0, "fp16": 2.0, "bf16": 2.0, "fp8": 1.0, "int4": 0.5}  # int4: without quantisation scales
 GIB = 2**30
+MAX_TOKENS = 2**32  # 4096m tokens: a length beyond it is a typo, not a model (the longest contexts are ~10m)
 
 
 # ---------------------------------------------------------------------------------------------- loading
@@ -71,22 +72,52 @@ def load_config(model_or_config: str) -> tuple[dict[str, Any], str]:
         return cfg, str(path)
     name = model_or_config.lower()
     if name in preset_names():
-        text = (resources.files("posenc") / "presets" / f"{name}.json").read_text()
-        return json.loads(text), f"preset {name}"
+        return load_preset(name), f"preset {name}"
+    if path.suffix == ".json" or "/" in model_or_config or "\\" in model_or_config:  # meant as a path
+        fail("MODEL_OR_CONFIG", "an existing config.json or directory", Raw(f"{model_or_config!r} (file not found)"))
     fail("MODEL_OR_CONFIG", f"a config.json, a directory holding one, or a preset ({', '.join(preset_names())})",
          model_or_config)
 
 
-def parse_lengths(text: str) -> list[int]:
-    """Token counts from "4k,32k,128k" (k = 1024, m = 1024**2) or plain integers; each must be > 0."""
+def load_preset(name: str) -> dict[str, Any]:
+    """The config.json dict of a bundled model (`preset_names()` lists them), ready for `from_hf_config`.
+
+        >>> cfg = load_preset("llama-3.2-1b")
+        >>> cfg["model_type"], cfg["rope_scaling"]["rope_type"]
+        ('llama', 'llama3')
+
+    Args:
+        name: a preset name such as "llama-3.1-8b" (case-insensitive).
+    Returns:
+        A fresh dict (changing it does not change the preset).
+    Raises:
+        PosencError: no such preset.
+    """
+    names = preset_names()
+    if not isinstance(name, str) or name.lower() not in names:
+        fail("name", f"a bundled preset ({', '.join(names)})", name)
+    return json.loads((resources.files("posenc") / "presets" / f"{name.lower()}.json").read_text())
+
+
+def parse_lengths(text: str, arg: str = "--lengths") -> list[int]:
+    """Token counts from "4k,32k,128k" (k = 1024, m = 1024**2) or plain integers.
+
+    Args:
+        text: the comma-separated counts.
+        arg: the option's name for messages.
+    Returns:
+        The counts, in the order given.
+    Raises:
+        PosencError: empty text, a count that is not a whole number in [1, MAX_TOKENS].
+    """
     lengths = []
     for item in str(text).split(","):
         match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([kKmM]?)\s*", item)
         if not match:
-            fail("--lengths", "comma-separated token counts such as 4k,32k,128k or 4096", text)
+            fail(arg, "comma-separated token counts such as 4k,32k,128k or 4096", text)
         value = float(match.group(1)) * {"": 1, "k": 1024, "m": 1024**2}[match.group(2).lower()]
-        if value != int(value) or value <= 0:
-            fail("--lengths", "positive whole numbers of tokens", item.strip())
+        if value != int(value) or not 0 < value <= MAX_TOKENS:
+            fail(arg, f"whole numbers of tokens in [1, {MAX_TOKENS}] ({length_label(MAX_TOKENS)})", item.strip())
         lengths.append(int(value))
     return lengths
 
@@ -101,8 +132,7 @@ def length_label(tokens: int) -> str:
 # ---------------------------------------------------------------------------------------------- memory
 def kv_bytes(facts: KVFacts, tokens: int, dtype: str) -> float:
     """KV-cache bytes for one request of `tokens` tokens in `dtype` ("fp16", "bf16", "fp8", "int4", "fp32")."""
-    if dtype not in DTYPE_BYTES:
-        fail("dtype", f"one of {tuple(DTYPE_BYTES)}", dtype)
+    choice("dtype", dtype, tuple(DTYPE_BYTES))
     cached = sum(tokens if w is None else min(tokens, w) for w in facts.windows)  # token-layers held
     return cached * facts.elements * DTYPE_BYTES[dtype]
 
@@ -224,16 +254,17 @@ def inspect_model(
         source: where the config came from (shown as is).
         memory_gib: a KV-cache budget in GiB; adds the longest request that fits per dtype at `batch`.
     Returns:
-        `{"model", "source", "model_type", "scheme", "l0", "l1", "rope": [...], "scheme_facts", "kv_cache"}`.
+        `{"model", "source", "model_type", "scheme", "l0", "l1", "rope": [...], "scheme_facts", "kv_cache"}`;
+        lengths past the model's declared maximum (L1) are flagged (`beyond_max`, `max_tokens_beyond_max`).
     Raises:
         PosencError: an unsupported or inconsistent config, bad lengths, batch or dtype.
     """
     cfg = config_to_dict(config)
-    if isinstance(batch, bool) or not isinstance(batch, int) or batch <= 0:
-        fail("--batch", "a positive integer", batch)
+    batch = integer("--batch", batch, min=1)
+    if not dtypes:
+        fail("--dtypes", f"at least one name from {tuple(DTYPE_BYTES)}", Raw("none"))
     for dtype in dtypes:
-        if dtype not in DTYPE_BYTES:
-            fail("--dtypes", f"names from {tuple(DTYPE_BYTES)}", dtype)
+        choice("--dtypes", dtype, tuple(DTYPE_BYTES))
     text = hf.text_config(cfg)
     scheme = hf.position_scheme(text)
     report: dict[str, Any] = {"model": cfg.get("_name_or_path") or source, "source": source,
@@ -248,17 +279,49 @@ def inspect_model(
     report["l0"], report["l1"] = l0, l1
     kv = kv_cache_facts(cfg)
     lengths = lengths or sorted({n for n in (l0, l1) if n}) or [4096]
+    beyond = lambda n: bool(l1) and n is not None and n > l1  # noqa: E731  past the declared maximum
     rows = [{"tokens": n, "label": length_label(n), "dtype": d, "bytes_per_request": kv_bytes(kv, n, d),
-             "bytes_per_batch": batch * kv_bytes(kv, n, d)} for n in lengths for d in dtypes]
+             "bytes_per_batch": batch * kv_bytes(kv, n, d), "beyond_max": beyond(n)} for n in lengths for d in dtypes]
     report["kv_cache"] = {"kind": kv.kind, "layers": kv.layers, "kv_heads": kv.kv_heads, "head_dim": kv.head_dim,
                           "elements_per_token_per_layer": kv.elements, "windows": sorted({w for w in kv.windows if w}),
                           "batch": batch, "dtypes": list(dtypes), "unit": "GB = 2**30 bytes (GiB)", "notes": list(kv.notes),
                           "bytes_per_token": {d: kv_bytes(kv, 1, d) for d in dtypes}, "rows": rows}
     if memory_gib is not None:
-        budget = check_positive("--memory", memory_gib) * GIB
+        budget = real("--memory", memory_gib, gt=0) * GIB
         report["kv_cache"]["memory_gib"] = memory_gib
         report["kv_cache"]["max_tokens"] = {d: max_tokens(kv, budget, d, batch) for d in dtypes} if kv.layers else {}
+        report["kv_cache"]["max_tokens_beyond_max"] = {d: beyond(n) for d, n in report["kv_cache"]["max_tokens"].items()}
     return report
+
+
+def inspect_source(model_or_config: str, **options: Any) -> dict[str, Any]:
+    """`load_config` then `inspect_model`, with a bad config's values named under its file or preset.
+
+        >>> inspect_source("llama-2-7b", lengths=[4096])["kv_cache"]["rows"][0]["bytes_per_request"] / 2**30
+        2.0
+
+    Args:
+        model_or_config: a config.json path, a directory holding one, or a preset name.
+        options: `inspect_model`'s keyword arguments (lengths, batch, dtypes, memory_gib).
+    Returns:
+        The `inspect_model` report.
+    Raises:
+        PosencError: a bad option (named as the option, e.g. `--batch`), or a bad config value named
+            by where it is, e.g. `path/config.json['rope_scaling']['factor']: expected ...`.
+    """
+    cfg, source = load_config(model_or_config)
+    where = source.removeprefix("preset ")
+    try:
+        return inspect_model(cfg, source=source, **options)
+    except PosencError as e:
+        if e.arg is not None and e.arg.startswith("--"):  # an option, named as the user typed it
+            raise
+        if e.arg is not None and e.arg.startswith("config[") and e.expected is not None:  # the adapter's name
+            arg = where + e.arg[len("config"):]
+            raise PosencError(f"{arg}: expected {e.expected}, got {e.got}", arg=arg, expected=e.expected,
+                              got=e.got) from None
+        with prefix(where):
+            raise
 
 
 def _other_scheme_facts(scheme: str, cfg: dict[str, Any]) -> dict[str, Any]:

@@ -1,0 +1,56 @@
+"""Tests written for mutants that `tools/mutate.py` found surviving the rest of the suite (see docs/mutation.md).
+
+Each test names the mutant it kills (file:line as found, the mutation); the behaviour it pins is documented.
+"""
+
+import pytest
+import torch
+from conftest import assert_close
+
+from posenc import PosencError, Rope, apply_rope
+from posenc.cache import KVCache
+
+
+def test_fresh_cache_marks_every_slot_empty_and_unknown():
+    """cache.py `self.tokens = torch.full(..., -1)`, mutant -1 -> 0: a fresh slot's token id is unknown (-1)."""
+    cache = KVCache(2, 3, 1, 4, capacity=5)
+    assert torch.equal(cache.tokens, torch.full((3, 5), -1))
+    assert torch.equal(cache.positions, torch.full((3, 5), -1))
+    cache.reserve(torch.tensor([[7, 8]]).expand(3, 2))  # positions without token ids: the ids stay unknown
+    assert torch.equal(cache.tokens, torch.full((3, 5), -1))
+    assert torch.equal(cache.positions[:, :2], torch.tensor([[7, 8]] * 3))
+
+
+@pytest.mark.parametrize("store", ["rotated", "unrotated"])
+def test_move_to_position_zero(store):
+    """cache.py `move`: `new_positions < 0` refused, mutant `< 1`: moving a kept key to position 0 is valid and exact."""
+    rope = Rope(head_dim=8)
+    gen = torch.Generator().manual_seed(0)
+    k = torch.randn(1, 2, 3, 8, generator=gen, dtype=torch.float64)
+    v = torch.randn(1, 2, 3, 8, generator=gen, dtype=torch.float64)
+    moved, direct = (KVCache(1, 1, 2, 8, capacity=4, rope=rope, store=store, dtype=torch.float64) for _ in range(2))
+    moved.write(0, k, v, moved.reserve(torch.tensor([[5, 6, 7]])))
+    moved.move(torch.tensor([[0, 1, 2, -1]]))
+    direct.write(0, k, v, direct.reserve(torch.tensor([[0, 1, 2]])))
+    assert torch.equal(moved.positions, torch.tensor([[0, 1, 2, -1]]))
+    assert_close(moved.read(0)[0], direct.read(0)[0], dtype=torch.float32)  # keys rotated by -5 in float32 tables
+
+
+def test_dropped_slots_become_empty_and_unknown():
+    """cache.py `keep`: dropped slots' token ids masked to -1, mutant -1 -> -2: a rolled-back slot is unknown again."""
+    cache = KVCache(1, 2, 1, 4, capacity=4)
+    cache.reserve(torch.tensor([[3, 4, 5], [0, 1, 2]]), tokens=torch.tensor([[10, 11, 12], [20, 21, 22]]))
+    cache.rollback(torch.tensor([1, 2]))
+    assert torch.equal(cache.tokens, torch.tensor([[10, 11, -1, -1], [20, -1, -1, -1]]))
+    assert torch.equal(cache.positions, torch.tensor([[3, 4, -1, -1], [0, -1, -1, -1]]))
+    assert torch.equal(cache.lengths, torch.tensor([2, 1]))
+
+
+def test_apply_rope_refuses_an_integer_sin_table():
+    """rope/apply.py `check_table`: mutant dropping `check_float_tensor("sin", sin)` rotated by an integer table."""
+    x = torch.ones(1, 1, 2, 4)
+    cos, sin = Rope(head_dim=4).cos_sin(torch.arange(2))
+    with pytest.raises(PosencError, match=r"^sin: expected a floating-point dtype.*dtype torch\.int64$"):
+        apply_rope(x, cos, sin.long())
+    with pytest.raises(PosencError, match=r"^sin: expected a floating-point torch\.Tensor, got list$"):
+        apply_rope(x, cos, sin.tolist())
