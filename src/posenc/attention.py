@@ -36,7 +36,7 @@ import torch
 from .errors import Raw, batch_positions, check_float_tensor, fail
 from .rope.spec import Rope
 
-__all__ = ["attention", "IMPLS", "encoding_kind"]
+__all__ = ["attention", "IMPLS", "encoding_kind", "check_inputs", "encode_qk", "flex_score_mod"]
 
 IMPLS = ("eager", "sdpa", "flex")
 
@@ -66,6 +66,38 @@ def _visible(q_pos: torch.Tensor, k_pos: torch.Tensor, causal: bool, key_mask: t
     if key_mask is not None:
         visible = visible & key_mask[:, None, None, :]
     return visible
+
+
+def check_inputs(q, k, v, q_positions, k_positions, key_mask=None, scale=None, window=None):
+    """Check the arguments `attention` shares with its distributed forms; return `(q_pos, k_pos, scale)`.
+
+    Returns:
+        int64 `[b, tq]` and `[b, tk]` positions and the float scale (default `1 / sqrt(d)`).
+    Raises:
+        PosencError: as `attention` (shapes, GQA heads, window, scale, positions, key_mask).
+    """
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        check_float_tensor(name, x, ndim=(4,))
+    b, hq, tq, d = q.shape
+    if k.shape[0] != b or k.shape[-1] != d:
+        fail("k", f"shape [b={b}, hk, tk, d={d}] (as q {tuple(q.shape)})", k)
+    hk, tk = k.shape[1], k.shape[2]
+    if v.shape[:3] != k.shape[:3]:
+        fail("v", f"shape [{b}, {hk}, {tk}, dv] (as k)", v)
+    if hk == 0 or hq % hk:
+        fail("k", f"a head count that divides hq={hq} (GQA)", k)
+    if window is not None and (isinstance(window, bool) or not isinstance(window, int) or window < 1):
+        fail("window", "None or an integer >= 1 (tokens a query sees, itself included)", window)
+    if scale is None:
+        scale = 1.0 / math.sqrt(d)
+    elif isinstance(scale, bool) or not isinstance(scale, (int, float)) or not math.isfinite(scale):
+        fail("scale", "a finite number (or None for 1/sqrt(d))", scale)
+    q_pos = batch_positions("q_positions", q_positions, b, tq)  # [b, tq]
+    k_pos = batch_positions("k_positions", k_positions, b, tk)  # [b, tk]
+    if key_mask is not None:
+        if not isinstance(key_mask, torch.Tensor) or key_mask.dtype != torch.bool or key_mask.shape != (b, tk):
+            fail("key_mask", f"a bool tensor of shape [{b}, {tk}] (True = attend)", key_mask)
+    return q_pos, k_pos, scale
 
 
 def attention(
@@ -103,42 +135,14 @@ def attention(
         PosencError: bad ranks or shapes, heads that do not divide, non-integer positions, an unknown
             encoding or impl, an absolute embedding whose width is not d, `impl="flex"` on a torch without it.
     """
-    for name, x in (("q", q), ("k", k), ("v", v)):
-        check_float_tensor(name, x, ndim=(4,))
-    b, hq, tq, d = q.shape
-    if k.shape[0] != b or k.shape[-1] != d:
-        fail("k", f"shape [b={b}, hk, tk, d={d}] (as q {tuple(q.shape)})", k)
-    hk, tk = k.shape[1], k.shape[2]
-    if v.shape[:3] != k.shape[:3]:
-        fail("v", f"shape [{b}, {hk}, {tk}, dv] (as k)", v)
-    if hk == 0 or hq % hk:
-        fail("k", f"a head count that divides hq={hq} (GQA)", k)
     if impl not in IMPLS:
         fail("impl", f"one of {IMPLS}", impl)
-    if window is not None and (isinstance(window, bool) or not isinstance(window, int) or window < 1):
-        fail("window", "None or an integer >= 1 (tokens a query sees, itself included)", window)
-    if scale is None:
-        scale = 1.0 / math.sqrt(d)
-    elif isinstance(scale, bool) or not isinstance(scale, (int, float)) or not math.isfinite(scale):
-        fail("scale", "a finite number (or None for 1/sqrt(d))", scale)
-    q_pos = batch_positions("q_positions", q_positions, b, tq)  # [b, tq]
-    k_pos = batch_positions("k_positions", k_positions, b, tk)  # [b, tk]
-    if key_mask is not None:
-        if not isinstance(key_mask, torch.Tensor) or key_mask.dtype != torch.bool or key_mask.shape != (b, tk):
-            fail("key_mask", f"a bool tensor of shape [{b}, {tk}] (True = attend)", key_mask)
+    q_pos, k_pos, scale = check_inputs(q, k, v, q_positions, k_positions, key_mask, scale, window)  # [b, t]
+    hq, hk = q.shape[1], k.shape[1]
 
-    kind = encoding_kind(encoding)
-    if kind == "bias" and getattr(encoding, "heads", hq) != hq:
-        fail("encoding", f"a bias scheme covering hq={hq} heads", Raw(f"one covering {encoding.heads}"))
-    if kind == "rope":
-        q = encoding.rotate(q, q_positions)
-        k = encoding.rotate(k, k_positions)
-    elif kind == "absolute":
-        q = q + _absolute(encoding, q_positions, d).unsqueeze(-3).to(q.dtype)  # [b?, 1, tq, d]
-        k = k + _absolute(encoding, k_positions, d).unsqueeze(-3).to(k.dtype)  # [b?, 1, tk, d]
+    q, k, bias_scheme = encode_qk(encoding, q, k, q_positions, k_positions)
     visible = _visible(q_pos, k_pos, causal, key_mask, window)  # [b, 1, tq, tk]
     any_visible = visible.any(-1, keepdim=True)  # [b, 1, tq, 1]
-    bias_scheme = encoding if kind == "bias" else None
 
     if impl == "flex":
         out = _flex(q, k, v, q_pos, k_pos, bias_scheme, causal, key_mask, scale, window)
@@ -165,6 +169,31 @@ def attention(
     return out.to(q.dtype)
 
 
+def encode_qk(encoding: Any, q: torch.Tensor, k: torch.Tensor, q_positions: torch.Tensor,
+              k_positions: torch.Tensor, seq_lens: tuple[int | None, int | None] = (None, None),
+              ) -> tuple[torch.Tensor, torch.Tensor, Any]:
+    """Apply an encoding's effect on q and k; return `(q, k, bias scheme or None)`.
+
+    A Rope rotates q and k at their positions (`seq_lens`: the lengths a length-dependent scaling sees,
+    default `max(positions) + 1`); an absolute scheme adds its embedding; a bias scheme is checked to cover
+    q's heads and returned for the scores.
+
+    Raises:
+        PosencError: an unknown encoding, a bias scheme for another head count, a bad embedding width.
+    """
+    hq, d = q.shape[1], q.shape[-1]
+    kind = encoding_kind(encoding)
+    if kind == "bias" and getattr(encoding, "heads", hq) != hq:
+        fail("encoding", f"a bias scheme covering hq={hq} heads", Raw(f"one covering {encoding.heads}"))
+    if kind == "rope":
+        q = encoding.rotate(q, q_positions, seq_len=seq_lens[0])
+        k = encoding.rotate(k, k_positions, seq_len=seq_lens[1])
+    elif kind == "absolute":
+        q = q + _absolute(encoding, q_positions, d).unsqueeze(-3).to(q.dtype)  # [b?, 1, tq, d]
+        k = k + _absolute(encoding, k_positions, d).unsqueeze(-3).to(k.dtype)  # [b?, 1, tk, d]
+    return q, k, encoding if kind == "bias" else None
+
+
 def _absolute(encoding: Any, positions: torch.Tensor, d: int) -> torch.Tensor:
     emb = encoding.embedding(positions)  # [t, d] or [b, t, d]
     if emb.shape[-1] != d:
@@ -184,6 +213,22 @@ def _flex(q, k, v, q_pos, k_pos, scheme, causal, key_mask, scale, window=None) -
         from torch.nn.attention.flex_attention import flex_attention
     except ImportError:  # pragma: no cover - torch < 2.5
         fail("impl", "'eager' or 'sdpa' (this torch has no flex_attention)", "flex")
+    score_mod = flex_score_mod(q_pos, k_pos, scheme, causal, key_mask, window)
+    groups = q.shape[1] // k.shape[1]
+    return flex_attention(q, k, v, score_mod=score_mod, scale=scale, enable_gqa=groups > 1)  # [b, hq, tq, dv]
+
+
+def flex_score_mod(q_pos, k_pos, scheme, causal, key_mask=None, window=None):
+    """The FlexAttention `score_mod` of `attention`: bias from positions, then the logical masks.
+
+    Args:
+        q_pos: int64 `[b, tq]` positions of the queries, indexed by `q_idx`.
+        k_pos: int64 `[b, tk]` positions of the keys, indexed by `kv_idx` (under context parallelism:
+            the gathered keys' global positions, so the bias and masks follow the engine's layout).
+        scheme: a bias scheme (`bias`/`score_mod`) or None; causal, key_mask `[b, tk]`, window: as `attention`.
+    Returns:
+        `score_mod(score, b, h, q_idx, kv_idx)`.
+    """
     bias_mod = scheme.score_mod(q_pos, k_pos) if scheme is not None else None
 
     def score_mod(score, b, h, q_idx, kv_idx):
@@ -198,5 +243,4 @@ def _flex(q, k, v, q_pos, k_pos, scheme, causal, key_mask, scale, window=None) -
             score = torch.where(q_pos[b, q_idx] - k_pos[b, kv_idx] < window, score, float("-inf"))
         return score
 
-    groups = q.shape[1] // k.shape[1]
-    return flex_attention(q, k, v, score_mod=score_mod, scale=scale, enable_gqa=groups > 1)  # [b, hq, tq, dv]
+    return score_mod
