@@ -28,7 +28,7 @@ import torch
 
 from ..attention import attention
 from .collectives import all_reduce_grads
-from .layouts import shard, shard_positions
+from .layouts import shard_positions, shard_varlen
 
 __all__ = ["SpawnError", "SpawnUnavailable", "free_port", "spawn", "compare_attention", "max_diff"]
 
@@ -132,8 +132,9 @@ def _collect(procs: list, out: Any, world_size: int, timeout_s: float) -> tuple[
                     rank, kind, value = out.get()
                     reports[rank] = (kind, value)
                 break
+    grace = time.monotonic() + (3.0 if len(reports) == world_size else 1.0)  # reports are in: exits are cosmetic
     for p in procs:
-        p.join(timeout=max(0.0, min(5.0, deadline - time.monotonic())))
+        p.join(timeout=max(0.0, min(grace, deadline) - time.monotonic()))
     for p in procs:
         if p.is_alive():
             p.kill()
@@ -149,10 +150,24 @@ def max_diff(a: torch.Tensor | None, b: torch.Tensor | None) -> float:
     return float((a.detach().double() - b.detach().double()).abs().max()) if a.numel() else 0.0
 
 
+def _single_process(q, k, v, grad, encoding, lengths, **kwargs):
+    """posenc.attention on the whole sequence (each packed document on its own); returns (out, dq, dk, dv)."""
+    full = [x.clone().requires_grad_() for x in (q, k, v)]
+    bounds = [0, *torch.tensor(lengths).cumsum(0).tolist()] if lengths else [0, q.shape[2]]
+    outs = []
+    for start, end in zip(bounds, bounds[1:]):  # positions restart in every document
+        positions = torch.arange(end - start)
+        parts = [x[:, :, start:end] for x in full]
+        outs.append(attention(*parts, q_positions=positions, k_positions=positions, encoding=encoding, **kwargs))
+    out = torch.cat(outs, dim=2)  # [b, hq, S, dv]
+    out.backward(grad)
+    return out, *(x.grad for x in full)
+
+
 def compare_attention(attn: Callable, *, rank: int, size: int, seq_len: int, heads: tuple[int, int] = (4, 2),
                       head_dim: int = 8, batch: int = 1, layout: str = "zigzag", encoding: Any = None,
-                      group: Any = None, seed: int = 0, dtype: torch.dtype = torch.float64,
-                      **kwargs: Any) -> dict[str, float]:
+                      lengths: list[int] | None = None, group: Any = None, seed: int = 0,
+                      dtype: torch.dtype = torch.float64, **kwargs: Any) -> dict[str, float]:
     """Sharded `attn` vs single-process `posenc.attention` on this rank's rows: max |diff| per quantity.
 
     Args:
@@ -161,6 +176,8 @@ def compare_attention(attn: Callable, *, rank: int, size: int, seq_len: int, hea
         seq_len, heads (hq, hk), head_dim, batch, dtype: the global problem, drawn from `seed`.
         layout: the sharding of the sequence.
         encoding: passed to both; parameters of a module encoding get their gradient summed over the group.
+        lengths: packed documents (summing to seq_len): the oracle attends within each document, positions
+            restarting at 0; the shard comes from `shard_varlen` and `attn` gets q/k_documents.
         kwargs: more arguments for both (causal, window, scale, ...).
     Returns:
         `{"out": ..., "dq": ..., "dk": ..., "dv": ..., "dparam": ...}` max absolute differences.
@@ -171,25 +188,25 @@ def compare_attention(attn: Callable, *, rank: int, size: int, seq_len: int, hea
     k = torch.randn(batch, hk, seq_len, head_dim, generator=g, dtype=dtype)
     v = torch.randn(batch, hk, seq_len, head_dim, generator=g, dtype=dtype)
     grad = torch.randn(batch, hq, seq_len, head_dim, generator=g, dtype=dtype)
-    positions = torch.arange(seq_len)
     params = list(encoding.parameters()) if isinstance(encoding, torch.nn.Module) else []
     for p in params:
         p.grad = None
-
-    full = [x.clone().requires_grad_() for x in (q, k, v)]
-    expected = attention(*full, q_positions=positions, k_positions=positions, encoding=encoding, **kwargs)
-    expected.backward(grad)
+    expected = _single_process(q, k, v, grad, encoding, lengths, **kwargs)  # out, dq, dk, dv
     expected_params = [p.grad.clone() for p in params]
     for p in params:
         p.grad = None
 
-    local = [shard(x, 2, size, rank, layout).requires_grad_() for x in (q, k, v)]  # [b, h, S/W, d]
-    mine = shard_positions(seq_len, size, rank, layout)  # [S/W] global ids
-    out = attn(*local, q_positions=mine, k_positions=mine, encoding=encoding, group=group, **kwargs)
-    out.backward(shard(grad, 2, size, rank, layout))
+    if lengths:
+        cu = torch.tensor([0, *lengths]).cumsum(0)
+        index, positions, documents, _ = shard_varlen(cu, size, rank, layout)  # [n] each
+        kwargs = {**kwargs, "q_documents": documents, "k_documents": documents}
+    else:
+        index = positions = shard_positions(seq_len, size, rank, layout)  # [S/W] global ids
+    local = [x.index_select(2, index).requires_grad_() for x in (q, k, v)]  # [b, h, n, d]
+    out = attn(*local, q_positions=positions, k_positions=positions, encoding=encoding, group=group, **kwargs)
+    out.backward(grad.index_select(2, index))
     all_reduce_grads(params, group)
-    report = {"out": max_diff(out, shard(expected, 2, size, rank, layout))}
-    for name, x, ref in zip(("dq", "dk", "dv"), local, full):
-        report[name] = max_diff(x.grad, shard(ref.grad, 2, size, rank, layout))
+    report = {name: max_diff(x, ref.index_select(2, index))
+              for name, x, ref in zip(("out", "dq", "dk", "dv"), (out, *(x.grad for x in local)), expected)}
     report["dparam"] = max((max_diff(p.grad, e) for p, e in zip(params, expected_params)), default=0.0)
     return report
