@@ -171,3 +171,57 @@ def test_posenc_import_stays_light():
     code = "import sys, posenc; print(any(m.startswith('posenc.distributed') for m in sys.modules))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0 and out.stdout.strip() == "False", out.stderr
+
+
+@pytest.fixture
+def single_rank_group():
+    """A 1-rank gloo group in this process (destroyed after), for the paths that need a group."""
+    import torch.distributed as dist
+
+    from posenc.distributed.testing import free_port
+
+    if not dist.is_available() or not dist.is_gloo_available() or dist.is_initialized():
+        pytest.skip("gloo unavailable or a process group already exists")
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
+    yield
+    dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("encoding", [None, posenc.Rope(head_dim=8), posenc.ALiBi(6)], ids=["none", "rope", "alibi"])
+def test_one_rank_ring_and_ulysses_equal_attention(single_rank_group, encoding, gen):
+    from posenc.attention import attention
+    from posenc.distributed import ring_attention, ulysses_attention
+
+    q = torch.randn(2, 6, 7, 8, generator=gen, dtype=torch.float64)  # odd length, GQA 3
+    k, v = (torch.randn(2, 2, 7, 8, generator=gen, dtype=torch.float64) for _ in range(2))
+    positions = torch.tensor([3, 4, 5, 9, 10, 11, 12])  # a cache-like gap
+    key_mask = torch.rand(2, 7, generator=gen) > 0.3
+    kwargs = dict(q_positions=positions, k_positions=positions, encoding=encoding, key_mask=key_mask, window=4)
+    expected = attention(q, k, v, **kwargs)
+    assert_close(ring_attention(q, k, v, **kwargs), expected)
+    assert_close(ulysses_attention(q, k, v, **kwargs), expected)
+
+
+def test_ring_argument_errors(single_rank_group):
+    from posenc.distributed import ring_attention
+
+    q = torch.randn(1, 2, 4, 8)
+    ids = torch.arange(4)
+    with pytest.raises(PosencError, match=r"^impl: expected 'eager' \(the reference ring"):
+        ring_attention(q, q, q, q_positions=ids, k_positions=ids, impl="sdpa")
+    with pytest.raises(PosencError, match=r"^k_documents: expected document ids for both q and k, got None$"):
+        ring_attention(q, q, q, q_positions=ids, k_positions=ids, q_documents=ids)
+    with pytest.raises(PosencError, match=r"^k: expected shape \[b=1, hk, tk, d=8\]"):
+        ring_attention(q, q[..., :4], q, q_positions=ids, k_positions=ids)
+
+
+def test_ring_without_a_process_group_says_so():
+    import torch.distributed as dist
+
+    from posenc.distributed import ring_attention
+
+    if dist.is_initialized():
+        pytest.skip("a process group exists in this process")
+    q = torch.randn(1, 2, 4, 8)
+    with pytest.raises(PosencError, match=r"^group: expected an initialised torch.distributed process group"):
+        ring_attention(q, q, q, q_positions=torch.arange(4), k_positions=torch.arange(4))

@@ -190,11 +190,11 @@ def heads_to_seq(*tensors: torch.Tensor, group: Any = None) -> tuple[torch.Tenso
     return _HeadsToSeq.apply(group, *tensors)
 
 
-def global_max(value: int, group: Any = None) -> int:
-    """The maximum of an integer over the group (a collective: call it on every rank)."""
+def global_max(value: int, group: Any = None, device: torch.device | str | None = None) -> int:
+    """The maximum of an integer over the group (a collective: call it on every rank; NCCL needs `device`)."""
     import torch.distributed as dist
 
-    t = torch.tensor([value], dtype=torch.long)
+    t = torch.tensor([value], dtype=torch.long, device=device)
     dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group)
     return int(t.item())
 

@@ -89,7 +89,7 @@ def _length(rope: Rope, positions: torch.Tensor, seq_len: int | None, group: Any
     if seq_len is not None or not rope.scaling.depends_on_length:
         return seq_len
     local = int(positions.max()) if positions.numel() else -1
-    return global_max(local, group) + 1  # a collective; every rank has the same encoding, so all call it
+    return global_max(local, group, positions.device) + 1  # a collective; every rank has the same encoding, so all call it
 
 
 def encode_shard(encoding: Any, q: torch.Tensor, k: torch.Tensor, q_positions: torch.Tensor,

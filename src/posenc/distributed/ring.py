@@ -71,6 +71,7 @@ def ring_attention(
     causal: bool = True,
     key_mask: torch.Tensor | None = None,
     scale: float | None = None,
+    impl: str = "eager",
     window: int | None = None,
     q_documents: torch.Tensor | None = None,
     k_documents: torch.Tensor | None = None,
@@ -88,6 +89,7 @@ def ring_attention(
             (tk equal on every rank; GQA when hq % hk == 0).
         q_positions, k_positions: `[tq]` / `[tk]` or batched, GLOBAL integer positions (`shard_positions`).
         encoding, causal, key_mask (`[b, tk]`, this rank's keys), scale, window: as `posenc.attention`.
+        impl: "eager" only (the ring merges its blocks itself; accepted so calls match `posenc.attention`).
         q_documents, k_documents: `[t]` or `[b, t]` document ids for packed sequences (keys are visible only
             inside the query's document; positions then restart per document). Both or neither.
         seq_len: the length a length-dependent RoPE scaling uses (default: the group's `max(ids) + 1`).
@@ -98,6 +100,8 @@ def ring_attention(
         PosencError: as `posenc.attention`, one of q_documents/k_documents without the other, no process group.
     """
     q_pos, k_pos, scale = check_inputs(q, k, v, q_positions, k_positions, key_mask, scale, window)  # [b, t]
+    if impl != "eager":
+        fail("impl", "'eager' (the reference ring computes its blocks in plain torch)", impl)
     b, hq, tq, _ = q.shape
     hk, tk, dk, dv = k.shape[1], k.shape[2], k.shape[-1], v.shape[-1]
     if (q_documents is None) != (k_documents is None):

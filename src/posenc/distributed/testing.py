@@ -51,7 +51,8 @@ def free_port() -> int:
 def _entry(rank: int, world_size: int, port: int, timeout_s: float, fn: Callable, args: tuple, out: Any) -> None:
     import torch.distributed as dist
 
-    faulthandler.dump_traceback_later(timeout_s, exit=True)  # a hung rank prints where it hangs, then exits
+    # a hung rank prints where it hangs and exits, before the parent's deadline kills it silently
+    faulthandler.dump_traceback_later(max(5.0, timeout_s - 10.0), exit=True)
     torch.set_num_threads(1)
     try:
         dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size,
@@ -99,8 +100,9 @@ def spawn(fn: Callable, world_size: int, *args: Any, timeout_s: float = 120.0, r
                 p.start()
         except (OSError, PermissionError, NotImplementedError) as e:
             raise SpawnUnavailable(f"cannot start processes: {e}") from e
-        reports, signalled = _collect(procs, out, world_size, timeout_s + 15)  # ranks' own watchdog first
-        if signalled and attempt < retries and not any(kind == "error" for kind, _ in reports.values()):
+        reports, signalled = _collect(procs, out, world_size, timeout_s)
+        complete = len(reports) == world_size  # ranks killed after reporting are not failures
+        if not complete and signalled and attempt < retries and not any(k == "error" for k, _ in reports.values()):
             print(f"posenc.distributed.testing: rank died by signal {signalled}; retrying once", file=sys.stderr)
             continue
         break
@@ -135,12 +137,13 @@ def _collect(procs: list, out: Any, world_size: int, timeout_s: float) -> tuple[
     grace = time.monotonic() + (3.0 if len(reports) == world_size else 1.0)  # reports are in: exits are cosmetic
     for p in procs:
         p.join(timeout=max(0.0, min(grace, deadline) - time.monotonic()))
+    # deaths by a signal before the parent killed anyone (the rare gloo start-up abort), not timeouts
+    signalled = [p.exitcode for p in procs if p.exitcode is not None and p.exitcode < 0]
     for p in procs:
         if p.is_alive():
             p.kill()
             p.join()
-    signalled = [p.exitcode for p in procs if p.exitcode is not None and p.exitcode < 0]
-    return reports, signalled
+    return reports, signalled if len(reports) < world_size else []
 
 
 def max_diff(a: torch.Tensor | None, b: torch.Tensor | None) -> float:
