@@ -142,26 +142,18 @@ def _heads_to_seq(tensors: Sequence[torch.Tensor], group: Any) -> list[torch.Ten
     return out
 
 
-class _SeqToHeads(torch.autograd.Function):
+class _Ulysses(torch.autograd.Function):
+    """One all-to-all in either direction; its backward is one all-to-all in the other direction."""
+
     @staticmethod
-    def forward(ctx, group, *tensors):
-        ctx.group = group
-        return tuple(_seq_to_heads(tensors, group))
+    def forward(ctx, group, to_heads, *tensors):
+        ctx.group, ctx.to_heads = group, to_heads
+        return tuple((_seq_to_heads if to_heads else _heads_to_seq)(tensors, group))
 
     @staticmethod
     def backward(ctx, *grads):
-        return (None, *_heads_to_seq([g.contiguous() for g in grads], ctx.group))
-
-
-class _HeadsToSeq(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, group, *tensors):
-        ctx.group = group
-        return tuple(_heads_to_seq(tensors, group))
-
-    @staticmethod
-    def backward(ctx, *grads):
-        return (None, *_seq_to_heads([g.contiguous() for g in grads], ctx.group))
+        back = _heads_to_seq if ctx.to_heads else _seq_to_heads
+        return (None, None, *back([g.contiguous() for g in grads], ctx.group))
 
 
 def _check_heads(tensors: Sequence[torch.Tensor], size: int, arg: str) -> None:
@@ -178,7 +170,7 @@ def seq_to_heads(*tensors: torch.Tensor, group: Any = None) -> tuple[torch.Tenso
     """
     size, _ = group_size_rank(group)
     _check_heads(tensors, size, "tensors")
-    return _SeqToHeads.apply(group, *tensors)
+    return _Ulysses.apply(group, True, *tensors)
 
 
 def heads_to_seq(*tensors: torch.Tensor, group: Any = None) -> tuple[torch.Tensor, ...]:
@@ -187,7 +179,7 @@ def heads_to_seq(*tensors: torch.Tensor, group: Any = None) -> tuple[torch.Tenso
     for i, x in enumerate(tensors):
         if not isinstance(x, torch.Tensor) or x.ndim != 4 or x.shape[2] % size:
             fail(f"tensors[{i}]", f"a [b, h, t, d] tensor with t divisible by the group size {size}", x)
-    return _HeadsToSeq.apply(group, *tensors)
+    return _Ulysses.apply(group, False, *tensors)
 
 
 def global_max(value: int, group: Any = None, device: torch.device | str | None = None) -> int:
