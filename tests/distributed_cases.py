@@ -149,3 +149,21 @@ def run_all(rank, world_size):
         results[f"cp{size}"] = cases
     results["seconds"] = time.perf_counter() - start
     return results
+
+
+def fail_on_rank_one(rank, world_size):
+    """For the spawn helper's own test: rank 1 raises, rank 0 waits in a collective."""
+    import torch.distributed as dist
+
+    if rank == 1:
+        raise ValueError("rank one fails on purpose")
+    dist.barrier()
+
+
+def hang_on_rank_zero(rank, world_size):
+    """For the spawn helper's timeout test: rank 0 waits for a message nobody sends."""
+    import torch.distributed as dist
+
+    if rank == 0:
+        dist.recv(torch.zeros(1), src=1)
+    return rank

@@ -99,7 +99,8 @@ def test_varlen_matches_pytorch_per_document_docstring_example():
     (lambda: shard_varlen(torch.tensor([0.0, 4.0]), 2, 0), r"^cu_seqlens: expected a 1-D integer tensor"),
     (lambda: unshard([torch.zeros(2, 3), torch.zeros(2, 4)], 1), r"^shards: expected shards of equal length along dim, got lengths \[3, 4\]$"),
     (lambda: head_slice(6, 4, 0), r"^world_size: expected a divisor of num_heads=6, got 4$"),
-    (lambda: HeadSlice(posenc.ALiBi(4), slice(2, 6)), r"^heads: expected slice\(start, stop\) within the scheme's 4 heads"),
+    (lambda: head_slice(8, 4, 4), r"^rank: expected an integer in \[0, world_size=4\), got 4$"),
+    (lambda: HeadSlice(posenc.ALiBi(4), slice(2, 6)), r"^heads_slice: expected slice\(start, stop\) within the scheme's 4 heads"),
 ])
 def test_bad_layout_arguments_raise(call, match):
     with pytest.raises(PosencError, match=match):

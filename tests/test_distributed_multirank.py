@@ -7,13 +7,16 @@ T5 table's gradient is float32 arithmetic in posenc (its bias is computed in flo
 float32 row. Controls (local positions, a shard's own length) must miss by a wide margin.
 """
 
+import os
+import time
+
 import pytest
 import torch
 from conftest import TOL
 
 import distributed_cases as cases
 from posenc.distributed import shard_positions
-from posenc.distributed.testing import SpawnUnavailable, spawn
+from posenc.distributed.testing import SpawnError, SpawnUnavailable, spawn
 
 ATOL64 = TOL[torch.float64][0]
 ATOL32 = TOL[torch.float32][0]
@@ -86,3 +89,23 @@ def test_flex_context_parallel_bias_equals_single_process(results, group, encodi
     for result in results:
         assert result[group][f"flex-{encoding}"]["out"] <= ATOL64
     assert max(result[group]["control-flex-local-positions-alibi"]["out"] for result in results) > 0.05
+
+
+def test_spawn_reports_a_failing_rank_with_its_traceback():
+    try:
+        with pytest.raises(SpawnError, match=r"(?s)1 rank\(s\) failed.*--- rank 1 ---.*ValueError: rank one fails"):
+            spawn(cases.fail_on_rank_one, 2, timeout_s=120)
+    except SpawnUnavailable as e:
+        pytest.skip(f"cannot spawn gloo ranks here: {e}")
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not os.environ.get("POSENC_SLOW"), reason="slow: set POSENC_SLOW=1 to run")
+def test_spawn_never_hangs():
+    start = time.monotonic()
+    try:
+        with pytest.raises(SpawnError, match=r"no report from ranks \[0"):
+            spawn(cases.hang_on_rank_zero, 2, timeout_s=30, retries=0)
+    except SpawnUnavailable as e:
+        pytest.skip(f"cannot spawn gloo ranks here: {e}")
+    assert time.monotonic() - start < 60

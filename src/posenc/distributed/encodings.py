@@ -39,7 +39,7 @@ class HeadSlice:
 
     Args:
         scheme: a bias scheme with `bias(q_positions, k_positions)` and `score_mod(...)` over all heads.
-        heads: `slice(start, stop)` of global heads (see `posenc.distributed.head_slice`).
+        heads_slice: `slice(start, stop)` of global heads (see `posenc.distributed.head_slice`).
     Raises:
         PosencError: a slice with a step, or outside the scheme's heads.
     """
@@ -52,7 +52,7 @@ class HeadSlice:
         s = self.heads_slice
         if (not isinstance(s, slice) or s.step not in (None, 1) or not isinstance(s.start, int)
                 or not isinstance(s.stop, int) or not 0 <= s.start < s.stop or (total and s.stop > total)):
-            fail("heads", f"slice(start, stop) within the scheme's {total} heads", s)
+            fail("heads_slice", f"slice(start, stop) within the scheme's {total} heads", s)
 
     @property
     def heads(self) -> int:
@@ -89,7 +89,8 @@ def _length(rope: Rope, positions: torch.Tensor, seq_len: int | None, group: Any
     if seq_len is not None or not rope.scaling.depends_on_length:
         return seq_len
     local = int(positions.max()) if positions.numel() else -1
-    return global_max(local, group, positions.device) + 1  # a collective; every rank has the same encoding, so all call it
+    # a collective: every rank holds the same encoding, so every rank calls it
+    return global_max(local, group, positions.device) + 1
 
 
 def encode_shard(encoding: Any, q: torch.Tensor, k: torch.Tensor, q_positions: torch.Tensor,

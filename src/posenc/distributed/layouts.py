@@ -165,10 +165,12 @@ def shard_positions_of_document(length: int, cp_size: int, cp_rank: int, layout:
     return shard_positions(length, cp_size, cp_rank, layout)
 
 
-def head_slice(num_heads: int, sp_size: int, sp_rank: int) -> slice:
+def head_slice(num_heads: int, world_size: int, rank: int) -> slice:
     """The heads a Ulysses (or tensor-parallel) rank owns after the all-to-all: `[r H/W, (r+1) H/W)`.
 
+    Args:
+        num_heads: total heads H; world_size: the sequence-parallel group size W; rank: this rank.
     Raises:
-        PosencError: heads not divisible by `sp_size`, or a bad rank.
+        PosencError: heads not divisible by `world_size`, or a bad rank.
     """
-    return alibi_head_slice(num_heads, sp_rank, sp_size)
+    return alibi_head_slice(num_heads, rank, world_size)

@@ -57,6 +57,11 @@ def _entry(rank: int, world_size: int, port: int, timeout_s: float, fn: Callable
     try:
         dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size,
                                 timeout=timedelta(seconds=timeout_s))
+    except BaseException:  # no local TCP rendezvous here: the parent reports "unavailable", tests skip
+        out.put((rank, "unavailable", traceback.format_exc()))
+        faulthandler.cancel_dump_traceback_later()
+        return
+    try:
         result = fn(rank, world_size, *args)
         dist.barrier()
         dist.destroy_process_group()
@@ -92,8 +97,8 @@ def spawn(fn: Callable, world_size: int, *args: Any, timeout_s: float = 120.0, r
     ctx = mp.get_context("spawn")
     for attempt in range(retries + 1):
         out = ctx.Queue()
-        port = free_port()
         try:
+            port = free_port()
             procs = [ctx.Process(target=_entry, args=(r, world_size, port, timeout_s, fn, args, out), daemon=True)
                      for r in range(world_size)]
             for p in procs:
@@ -102,10 +107,16 @@ def spawn(fn: Callable, world_size: int, *args: Any, timeout_s: float = 120.0, r
             raise SpawnUnavailable(f"cannot start processes: {e}") from e
         reports, signalled = _collect(procs, out, world_size, timeout_s)
         complete = len(reports) == world_size  # ranks killed after reporting are not failures
-        if not complete and signalled and attempt < retries and not any(k == "error" for k, _ in reports.values()):
-            print(f"posenc.distributed.testing: rank died by signal {signalled}; retrying once", file=sys.stderr)
+        flaky = not complete and signalled and all(k == "ok" for k, _ in reports.values())
+        refused = any(k == "unavailable" for k, _ in reports.values())  # maybe the port was taken meanwhile
+        if attempt < retries and (flaky or refused):
+            print(f"posenc.distributed.testing: {'signals ' + str(signalled) if flaky else 'rendezvous failed'}; "
+                  "retrying once", file=sys.stderr)
             continue
         break
+    unavailable = [v for kind, v in reports.values() if kind == "unavailable"]
+    if unavailable:
+        raise SpawnUnavailable(f"gloo cannot start a process group here:\n{unavailable[0]}")
     errors = {r: v for r, (kind, v) in reports.items() if kind == "error"}
     if errors or len(reports) < world_size:
         missing = sorted(set(range(world_size)) - set(reports))
@@ -125,7 +136,7 @@ def _collect(procs: list, out: Any, world_size: int, timeout_s: float) -> tuple[
         try:
             rank, kind, value = out.get(timeout=0.2)
             reports[rank] = (kind, value)
-            if kind == "error":
+            if kind != "ok":
                 break
         except queue.Empty:
             if any(p.exitcode not in (None, 0) for p in procs):
