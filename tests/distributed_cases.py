@@ -63,6 +63,11 @@ def _cases(rank, size, group):
                                                       layout="contiguous", lengths=lengths, **common)
     yield "ring-zigzag-alibi-window-batch2", compare_attention(ring_attention, encoding=encodings()["alibi"],
                                                                window=5, batch=2, **common)
+    mask = torch.rand(2, seq, generator=torch.Generator().manual_seed(11)) > 0.3  # [b, S] padding-like holes
+    yield "ring-zigzag-alibi-keymask", compare_attention(ring_attention, encoding=encodings()["alibi"], batch=2,
+                                                         key_mask=mask, **common)
+    yield "ulysses-contiguous-rope-keymask", compare_attention(ulysses_attention, encoding=encodings()["rope"],
+                                                               heads=(8, 4), batch=2, key_mask=mask, **common)
     yield "ring-zigzag-t5-bidirectional", compare_attention(ring_attention, encoding=_t5(True), causal=False, **common)
     yield "ring-zigzag-mha-float32", compare_attention(ring_attention, encoding=encodings()["rope"], heads=(4, 4),
                                                        dtype=torch.float32, **common)

@@ -31,15 +31,12 @@ def results():
         pytest.skip(f"cannot spawn gloo ranks here: {e}")
 
 
-def _names(prefix):
-    return sorted({name for name in _expected_names() if name.startswith(prefix)})
-
-
 def _expected_names():
     names = [f"ring-{lay}-{enc}" for lay in ("zigzag", "contiguous") for enc in cases.encodings()]
     names += [f"ulysses-{lay}-{enc}" for lay in ("zigzag", "contiguous") for enc in ("rope", "yarn", "alibi", "t5")]
     names += [f"packed-zigzag-{enc}" for enc in ("rope", "alibi", "t5")] + ["packed-contiguous-rope"]
-    names += ["ring-zigzag-alibi-window-batch2", "ring-zigzag-t5-bidirectional", "ulysses-zigzag-alibi-sdpa"]
+    names += ["ring-zigzag-alibi-window-batch2", "ring-zigzag-t5-bidirectional", "ulysses-zigzag-alibi-sdpa",
+              "ring-zigzag-alibi-keymask", "ulysses-contiguous-rope-keymask"]
     return names
 
 

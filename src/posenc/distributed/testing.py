@@ -192,7 +192,7 @@ def compare_attention(attn: Callable, *, rank: int, size: int, seq_len: int, hea
         encoding: passed to both; parameters of a module encoding get their gradient summed over the group.
         lengths: packed documents (summing to seq_len): the oracle attends within each document, positions
             restarting at 0; the shard comes from `shard_varlen` and `attn` gets q/k_documents.
-        kwargs: more arguments for both (causal, window, scale, ...).
+        kwargs: more arguments for both (causal, window, scale, a `[b, S]` key_mask sharded for `attn`, ...).
     Returns:
         `{"out": ..., "dq": ..., "dk": ..., "dv": ..., "dparam": ...}` max absolute differences.
     """
@@ -217,6 +217,8 @@ def compare_attention(attn: Callable, *, rank: int, size: int, seq_len: int, hea
     else:
         index = positions = shard_positions(seq_len, size, rank, layout)  # [S/W] global ids
     local = [x.index_select(2, index).requires_grad_() for x in (q, k, v)]  # [b, h, n, d]
+    if kwargs.get("key_mask") is not None:
+        kwargs = {**kwargs, "key_mask": kwargs["key_mask"].index_select(1, index)}  # [b, n]: this rank's keys
     out = attn(*local, q_positions=positions, k_positions=positions, encoding=encoding, group=group, **kwargs)
     out.backward(grad.index_select(2, index))
     all_reduce_grads(params, group)
