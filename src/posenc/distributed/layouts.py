@@ -21,6 +21,7 @@ local indices.
 
 from __future__ import annotations
 
+import numbers
 from typing import Any, NamedTuple, Sequence
 
 import torch
@@ -35,9 +36,9 @@ LAYOUTS = ("zigzag", "contiguous")
 
 
 def _check_grid(cp_size: Any, cp_rank: Any, layout: Any) -> None:
-    if isinstance(cp_size, bool) or not isinstance(cp_size, int) or cp_size < 1:
+    if isinstance(cp_size, bool) or not isinstance(cp_size, numbers.Integral) or cp_size < 1:
         fail("cp_size", "a positive integer", cp_size)
-    if isinstance(cp_rank, bool) or not isinstance(cp_rank, int) or not 0 <= cp_rank < cp_size:
+    if isinstance(cp_rank, bool) or not isinstance(cp_rank, numbers.Integral) or not 0 <= cp_rank < cp_size:
         fail("cp_rank", f"an integer in [0, cp_size={cp_size})", cp_rank)
     if layout not in LAYOUTS:
         fail("layout", f"one of {LAYOUTS}", layout)
@@ -46,7 +47,7 @@ def _check_grid(cp_size: Any, cp_rank: Any, layout: Any) -> None:
 def _chunks(seq_len: Any, cp_size: int, layout: str, arg: str = "seq_len") -> int:
     """The number of equal chunks `seq_len` is cut into (W contiguous, 2W zigzag), after checking it divides."""
     n = 2 * cp_size if layout == "zigzag" else cp_size
-    if isinstance(seq_len, bool) or not isinstance(seq_len, int) or seq_len < 0 or seq_len % n:
+    if isinstance(seq_len, bool) or not isinstance(seq_len, numbers.Integral) or seq_len < 0 or seq_len % n:
         # PyTorch silently falls back to no balancing here; posenc refuses, so positions never disagree.
         fail(arg, f"a non-negative multiple of {n} ({layout} layout over cp_size={cp_size})", seq_len)
     return n
@@ -69,6 +70,7 @@ def shard_positions(seq_len: int, cp_size: int, cp_rank: int, layout: str = "zig
     """
     _check_grid(cp_size, cp_rank, layout)
     n = _chunks(seq_len, cp_size, layout)
+    seq_len, cp_size, cp_rank = int(seq_len), int(cp_size), int(cp_rank)
     chunk = seq_len // n
     starts = [cp_rank] if layout == "contiguous" else [cp_rank, 2 * cp_size - 1 - cp_rank]
     return torch.cat([torch.arange(s * chunk, (s + 1) * chunk, device=device) for s in starts])  # [S/W]
