@@ -121,7 +121,8 @@ def ring_attention(
         if step:
             payload, side = ring_shift(payload, side, group)  # the block of rank - step, with its positions
         block_pos, block_mask, block_doc = side.unbind(1)  # [b, tk] each
-        visible = _visible(q_pos, block_pos, causal, None if key_mask is None else block_mask.bool(), window)
+        # the block's own mask (all ones from a rank without one), whatever this rank passed
+        visible = _visible(q_pos, block_pos, causal, block_mask.bool(), window)  # [b, 1, tq, tk]
         if q_doc is not None:
             visible = visible & (q_doc[:, None, :, None] == block_doc[:, None, None, :])  # [b, 1, tq, tk]
         if not bool(visible.any()):
