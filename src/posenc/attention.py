@@ -43,7 +43,7 @@ from .rope.apply import apply_rope
 from .rope.rerotate import row_tables
 from .rope.spec import Rope
 
-__all__ = ["attention", "IMPLS", "encoding_kind"]
+__all__ = ["attention", "IMPLS", "encoding_kind", "check_inputs", "encode_qk", "flex_score_mod"]
 
 IMPLS = ("eager", "sdpa", "flex")
 
@@ -73,6 +73,35 @@ def _visible(q_pos: torch.Tensor, k_pos: torch.Tensor, causal: bool, key_mask: t
     if key_mask is not None:
         visible = visible & key_mask[:, None, None, :]
     return visible
+
+
+def check_inputs(q, k, v, q_positions, k_positions, key_mask=None, scale=None, window=None):
+    """Check the arguments `attention` shares with its distributed forms; return `(q_pos, k_pos, scale)`.
+
+    Returns:
+        int64 `[b, tq]` and `[b, tk]` positions and the float scale (default `1 / sqrt(d)`).
+    Raises:
+        PosencError: as `attention` (shapes, GQA heads, window, scale, positions, key_mask).
+    """
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        check_float_tensor(name, x, ndim=(4,))
+    b, hq, tq, d = q.shape
+    if k.shape[0] != b or k.shape[-1] != d:
+        fail("k", f"shape [b={b}, hk, tk, d={d}] (as q {tuple(q.shape)})", k)
+    hk, tk = k.shape[1], k.shape[2]
+    if v.shape[:3] != k.shape[:3]:
+        fail("v", f"shape [{b}, {hk}, {tk}, dv] (as k)", v)
+    if hk == 0 or hq % hk:
+        fail("k", f"a head count that divides hq={hq} (GQA)", k)
+    if window is not None:
+        window = integer("window", window, min=1, what="None or an integer >= 1 (tokens a query sees, itself included)")
+    scale = 1.0 / math.sqrt(d) if scale is None else real("scale", scale, what="a finite number (or None for 1/sqrt(d))")
+    q_pos = batch_positions("q_positions", q_positions, b, tq, device=q.device)  # [b, tq]
+    k_pos = batch_positions("k_positions", k_positions, b, tk, device=q.device)  # [b, tk]
+    if key_mask is not None:
+        if not isinstance(key_mask, torch.Tensor) or key_mask.dtype != torch.bool or key_mask.shape != (b, tk):
+            fail("key_mask", f"a bool tensor of shape [{b}, {tk}] (True = attend)", key_mask)
+    return q_pos, k_pos, scale
 
 
 def attention(
@@ -111,42 +140,15 @@ def attention(
             Rope, negative ones), positions on another device than q, an unknown encoding or impl, a Rope
             or absolute embedding whose width is not d, `impl="flex"` on a torch without it.
     """
-    for name, x in (("q", q), ("k", k), ("v", v)):
-        check_float_tensor(name, x, ndim=(4,))
-    b, hq, tq, d = q.shape
-    if k.shape[0] != b or k.shape[-1] != d:
-        fail("k", f"shape [b={b}, hk, tk, d={d}] (as q {tuple(q.shape)})", k)
-    hk, tk = k.shape[1], k.shape[2]
-    if v.shape[:3] != k.shape[:3]:
-        fail("v", f"shape [{b}, {hk}, {tk}, dv] (as k)", v)
-    if hk == 0 or hq % hk:
-        fail("k", f"a head count that divides hq={hq} (GQA)", k)
     choice("impl", impl, IMPLS)
-    if window is not None:
-        window = integer("window", window, min=1, what="None or an integer >= 1 (tokens a query sees, itself included)")
-    scale = 1.0 / math.sqrt(d) if scale is None else real("scale", scale, what="a finite number (or None for 1/sqrt(d))")
-    q_pos = batch_positions("q_positions", q_positions, b, tq, device=q.device)  # [b, tq]
-    k_pos = batch_positions("k_positions", k_positions, b, tk, device=q.device)  # [b, tk]
-    if key_mask is not None:
-        if not isinstance(key_mask, torch.Tensor) or key_mask.dtype != torch.bool or key_mask.shape != (b, tk):
-            fail("key_mask", f"a bool tensor of shape [{b}, {tk}] (True = attend)", key_mask)
-
-    kind = encoding_kind(encoding)
-    if kind == "bias" and getattr(encoding, "heads", hq) != hq:
-        fail("encoding", f"a bias scheme covering hq={hq} heads", Raw(f"one covering {encoding.heads}"))
-    if kind == "rope":
-        if encoding.head_dim != d:
-            fail("encoding", f"a Rope with head_dim={d} (the width of q and k)", encoding)
+    q_pos, k_pos, scale = check_inputs(q, k, v, q_positions, k_positions, key_mask, scale, window)  # [b, t]
+    b, hq, tq, hk, tk = q.shape[0], q.shape[1], q.shape[2], k.shape[1], k.shape[2]
+    check_encoding(encoding, q)
     if b == 0 or tq == 0 or tk == 0:  # nothing to attend to (or nobody asking): no kernel, no table
         return q.new_zeros(b, hq, tq, v.shape[-1])
-    if kind == "rope":
-        q, k = _rotate(encoding, q, k, q_pos, k_pos)
-    elif kind == "absolute":
-        q = q + _absolute(encoding, q_positions, d).unsqueeze(-3).to(q.dtype)  # [b?, 1, tq, d]
-        k = k + _absolute(encoding, k_positions, d).unsqueeze(-3).to(k.dtype)  # [b?, 1, tk, d]
+    q, k, bias_scheme = encode_qk(encoding, q, k, q_pos, k_pos, q_positions, k_positions)
     visible = _visible(q_pos, k_pos, causal, key_mask, window)  # [b, 1, tq, tk]
     any_visible = visible.any(-1, keepdim=True)  # [b, 1, tq, 1]
-    bias_scheme = encoding if kind == "bias" else None
 
     if impl == "flex":
         out = _flex(q, k, v, q_pos, k_pos, bias_scheme, causal, key_mask, scale, window)
@@ -173,13 +175,53 @@ def attention(
     return out.to(q.dtype)
 
 
-def _rotate(rope: Rope, q: torch.Tensor, k: torch.Tensor, q_pos: torch.Tensor, k_pos: torch.Tensor
-            ) -> tuple[torch.Tensor, torch.Tensor]:
-    """q and k rotated with one table per row, that of length `max(q and k positions of the row) + 1`."""
+def check_encoding(encoding: Any, q: torch.Tensor) -> str:
+    """Check that `encoding` fits q (a bias scheme's heads, a Rope's width); return its kind."""
+    hq, d = q.shape[1], q.shape[-1]
+    kind = encoding_kind(encoding)
+    if kind == "bias" and getattr(encoding, "heads", hq) != hq:
+        fail("encoding", f"a bias scheme covering hq={hq} heads", Raw(f"one covering {encoding.heads}"))
+    if kind == "rope" and encoding.head_dim != d:
+        fail("encoding", f"a Rope with head_dim={d} (the width of q and k)", encoding)
+    return kind
+
+
+def encode_qk(encoding: Any, q: torch.Tensor, k: torch.Tensor, q_pos: torch.Tensor, k_pos: torch.Tensor,
+              q_positions: torch.Tensor, k_positions: torch.Tensor, seq_len: int | None = None,
+              ) -> tuple[torch.Tensor, torch.Tensor, Any]:
+    """Apply an encoding's effect on q and k; return `(q, k, bias scheme or None)`.
+
+    A Rope rotates q and k with ONE table per row, that of the forward's length: `seq_len` if given (the
+    global length under context parallelism), else `max(q and k positions of the row) + 1`, as a full
+    forward in transformers. An absolute scheme adds its embedding; a bias scheme is returned for the scores.
+
+    Args:
+        q_pos, k_pos: int64 `[b, tq]`, `[b, tk]` positions (from `check_inputs`).
+        q_positions, k_positions: the positions as given (`[t]` or `[b, t]`) for absolute tables.
+    Raises:
+        PosencError: an unknown encoding, a bias scheme for another head count, a bad width, negative
+            positions under a Rope.
+    """
+    kind = check_encoding(encoding, q)
+    if kind == "rope":
+        q, k = _rotate(encoding, q, k, q_pos, k_pos, seq_len)
+    elif kind == "absolute":
+        d = q.shape[-1]
+        q = q + _absolute(encoding, q_positions, d).unsqueeze(-3).to(q.dtype)  # [b?, 1, tq, d]
+        k = k + _absolute(encoding, k_positions, d).unsqueeze(-3).to(k.dtype)  # [b?, 1, tk, d]
+    return q, k, encoding if kind == "bias" else None
+
+
+def _rotate(rope: Rope, q: torch.Tensor, k: torch.Tensor, q_pos: torch.Tensor, k_pos: torch.Tensor,
+            seq_len: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """q and k rotated with one table per row, that of length `seq_len` or `max(q and k positions) + 1`."""
     for arg, pos in (("q_positions", q_pos), ("k_positions", k_pos)):
         if bool((pos < 0).any()):  # one host sync; RoPE rotates by the position itself
             fail(arg, "positions >= 0 (a Rope rotates by the position)", Raw(f"min {int(pos.min())}"))
-    lengths = torch.maximum(q_pos.amax(dim=1), k_pos.amax(dim=1)) + 1  # [b]: the forward's length per row
+    if seq_len is not None:
+        lengths = torch.full((q_pos.shape[0],), int(seq_len), dtype=torch.long, device=q_pos.device)  # [b]
+    else:
+        lengths = torch.maximum(q_pos.amax(dim=1), k_pos.amax(dim=1)) + 1  # [b]: the forward's length per row
     cos_q, sin_q = row_tables(rope, q_pos, lengths)  # [b, tq, r/2]
     cos_k, sin_k = row_tables(rope, k_pos, lengths)  # [b, tk, r/2]
     return apply_rope(q, cos_q, sin_q, pairing=rope.pairing), apply_rope(k, cos_k, sin_k, pairing=rope.pairing)
@@ -204,6 +246,22 @@ def _flex(q, k, v, q_pos, k_pos, scheme, causal, key_mask, scale, window=None) -
         from torch.nn.attention.flex_attention import flex_attention
     except ImportError:  # pragma: no cover - torch < 2.5
         fail("impl", "'eager' or 'sdpa' (this torch has no flex_attention)", "flex")
+    score_mod = flex_score_mod(q_pos, k_pos, scheme, causal, key_mask, window)
+    groups = q.shape[1] // k.shape[1]
+    return flex_attention(q, k, v, score_mod=score_mod, scale=scale, enable_gqa=groups > 1)  # [b, hq, tq, dv]
+
+
+def flex_score_mod(q_pos, k_pos, scheme, causal, key_mask=None, window=None):
+    """The FlexAttention `score_mod` of `attention`: bias from positions, then the logical masks.
+
+    Args:
+        q_pos: int64 `[b, tq]` positions of the queries, indexed by `q_idx`.
+        k_pos: int64 `[b, tk]` positions of the keys, indexed by `kv_idx` (under context parallelism:
+            the gathered keys' global positions, so the bias and masks follow the engine's layout).
+        scheme: a bias scheme (`bias`/`score_mod`) or None; causal, key_mask `[b, tk]`, window: as `attention`.
+    Returns:
+        `score_mod(score, b, h, q_idx, kv_idx)`.
+    """
     bias_mod = scheme.score_mod(q_pos, k_pos) if scheme is not None else None
 
     def score_mod(score, b, h, q_idx, kv_idx):
@@ -218,5 +276,4 @@ def _flex(q, k, v, q_pos, k_pos, scheme, causal, key_mask, scale, window=None) -
             score = torch.where(q_pos[b, q_idx] - k_pos[b, kv_idx] < window, score, float("-inf"))
         return score
 
-    groups = q.shape[1] // k.shape[1]
-    return flex_attention(q, k, v, score_mod=score_mod, scale=scale, enable_gqa=groups > 1)  # [b, hq, tq, dv]
+    return score_mod
