@@ -120,6 +120,7 @@ def run(args: argparse.Namespace) -> int:
     out = pathlib.Path(args.out or f"results/lab-{'quick' if args.quick else 'full'}")
     out.mkdir(parents=True, exist_ok=True)
     results = run_lab(cfg, out)
+    torch.save(results, out / "raw_results.pt")  # the nested results, should a report step need redoing
     predictions = check_predictions(results, cfg)
     write_csv(tidy_rows(results), out / "results.csv")
     write_json(results, predictions, out / "results.json")

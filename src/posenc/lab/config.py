@@ -53,7 +53,7 @@ class LabConfig:
     num_layers: int = 2
     num_heads: int = 4
     intermediate_size: int = 352
-    steps: int = 500
+    steps: int = 300
     batch_size: int = 32
     lr: float = 2e-3
     warmup: int = 30
@@ -65,13 +65,13 @@ class LabConfig:
     rules: tuple[str, ...] = DEFAULT_RULES
     longrope_factors: tuple[float, ...] | None = None
     search_windows: int = 8
-    search_population: int = 8
-    search_generations: int = 3
-    finetune_steps: int = 60
+    search_population: int = 6
+    search_generations: int = 2
+    finetune_steps: int = 40
     finetune_methods: tuple[str, ...] = ("none", "pi", "yarn")
     finetune_lr: float = 5e-4
-    probe_trials: int = 16
-    probe_depths: tuple[float, ...] = (0.0, 0.25, 0.5, 0.75, 1.0)
+    probe_trials: int = 12
+    probe_depths: tuple[float, ...] = (0.0, 0.5, 1.0)
     probe_run: int = 16
     probe_cue: int = 4
 
@@ -111,6 +111,12 @@ class LabConfig:
                 fail(name, "a number > 0", value)
         if not 0.0 <= self.min_lr_ratio <= 1.0:
             fail("min_lr_ratio", "a fraction in [0, 1]", self.min_lr_ratio)
+        if self.longrope_factors is not None and len(self.longrope_factors) != self.head_dim // 2:
+            fail("longrope_factors", f"head_dim / 2 = {self.head_dim // 2} numbers", list(self.longrope_factors))
+        from .extension import parse_rule
+
+        for spec in self.rules:  # fail before any training, not after it
+            parse_rule(spec, self.longrope_factors)
 
     @property
     def head_dim(self) -> int:
