@@ -20,12 +20,26 @@ from .config import DEFAULT_RULES, SCHEMES, LabConfig
 
 __all__ = ["add_parser", "config_from_args", "run"]
 
-# command-line option -> LabConfig field (None: not given, keep the preset's value)
-_FIELDS = dict(corpus="corpus", schemes="schemes", rules="rules", l0="l0", d="hidden_size", layers="num_layers",
-               heads="num_heads", ffn="intermediate_size", steps="steps", batch="batch_size", lr="lr", seed="seed",
-               windows="eval_windows", eval_batch="eval_batch", finetune_steps="finetune_steps",
-               finetune_methods="finetune_methods", probe_trials="probe_trials",
-               search_population="search_population", search_generations="search_generations")
+# numeric options: (flag, LabConfig field, type, help); None on the command line keeps the preset's value
+_NUMBERS = (
+    ("--l0", "l0", int, "training length L0 (tokens = bytes)"),
+    ("--d", "hidden_size", int, "hidden size"),
+    ("--layers", "num_layers", int, "decoder layers"),
+    ("--heads", "num_heads", int, "attention heads"),
+    ("--ffn", "intermediate_size", int, "SwiGLU intermediate size"),
+    ("--steps", "steps", int, "training steps per scheme"),
+    ("--batch", "batch_size", int, "training windows per step"),
+    ("--lr", "lr", float, "peak AdamW learning rate"),
+    ("--seed", "seed", int, "seed of initialisation, batches, search and probe"),
+    ("--windows", "eval_windows", int, "validation windows scored at every length"),
+    ("--eval-batch", "eval_batch", int, "windows per evaluation forward"),
+    ("--finetune-steps", "finetune_steps", int, "fine-tuning steps at 2 L0, 0 to skip"),
+    ("--probe-trials", "probe_trials", int, "retrieval trials per depth and length, 0 to skip"),
+    ("--search-population", "search_population", int, "LongRoPE search: candidates per generation"),
+    ("--search-generations", "search_generations", int, "LongRoPE search: generations, 0 for the seeds only"),
+)
+_FIELDS = {**{flag[2:].replace("-", "_"): field for flag, field, _, _ in _NUMBERS},
+           "corpus": "corpus", "schemes": "schemes", "rules": "rules", "finetune_methods": "finetune_methods"}
 
 
 def _ints(text: str) -> tuple[int, ...]:
@@ -65,22 +79,9 @@ def add_parser(sub) -> None:
     p.add_argument("--longrope-factors", type=_floats, metavar="F,F,...",
                    help="given LongRoPE long factors (head_dim / 2 numbers) instead of searching them")
     p.add_argument("--lengths", type=_ints, metavar="1,2,4,8", help="evaluation lengths as multiples of L0")
-    p.add_argument("--l0", type=int, help="training length L0 (tokens = bytes)")
-    p.add_argument("--d", type=int, help="hidden size")
-    p.add_argument("--layers", type=int, help="decoder layers")
-    p.add_argument("--heads", type=int, help="attention heads")
-    p.add_argument("--ffn", type=int, help="SwiGLU intermediate size")
-    p.add_argument("--steps", type=int, help="training steps per scheme")
-    p.add_argument("--batch", type=int, help="training windows per step")
-    p.add_argument("--lr", type=float, help="peak AdamW learning rate")
-    p.add_argument("--seed", type=int, help="seed of initialisation, batches, search and probe")
-    p.add_argument("--windows", type=int, help="validation windows scored at every length")
-    p.add_argument("--eval-batch", type=int, help="windows per evaluation forward")
-    p.add_argument("--finetune-steps", type=int, help="fine-tuning steps at 2 L0 (0: skip)")
+    for flag, field, kind, text in _NUMBERS:
+        p.add_argument(flag, type=kind, help=f"{text} (LabConfig.{field})")
     p.add_argument("--finetune-methods", nargs="+", choices=("none", "pi", "yarn", "ntk"), help="default none pi yarn")
-    p.add_argument("--probe-trials", type=int, help="retrieval trials per depth and length (0: skip)")
-    p.add_argument("--search-population", type=int, help="LongRoPE search: candidates per generation")
-    p.add_argument("--search-generations", type=int, help="LongRoPE search: generations (0: seeds only)")
     p.add_argument("--threads", type=int, help="torch intra-op threads (default: torch's choice)")
     p.add_argument("--progress", choices=("auto", "rich", "plain", "off"), default="auto",
                    help="progress bars on stderr (auto: rich on a terminal when installed, else plain lines)")

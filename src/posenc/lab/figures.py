@@ -25,6 +25,20 @@ def _lines(ax, entries: dict, key: str, multiples, style="-o") -> None:
     ax.grid(alpha=0.3)
 
 
+def _label(ax, ylabel: str, title: str, unit_line: bool = False) -> None:
+    if unit_line:  # ratio panels: 1 = no damage
+        ax.axhline(1.0, color="grey", lw=0.8)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+
+
+def _save(plt, fig, path: pathlib.Path, paths: list) -> None:
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    paths.append(path)
+
+
 def draw_all(results: dict, out_dir: pathlib.Path) -> list[pathlib.Path]:
     """Write the three figures into `out_dir`; returns their paths (only those with data)."""
     import matplotlib
@@ -37,26 +51,18 @@ def draw_all(results: dict, out_dir: pathlib.Path) -> list[pathlib.Path]:
     paths = []
     fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
     _lines(axes[0], results["schemes"], "ratio_out", far)
-    axes[0].axhline(1.0, color="grey", lw=0.8)
-    axes[0].set_ylabel("ppl(pos >= L0) / in-window control")
-    axes[0].set_title("extrapolation damage")
+    _label(axes[0], "ppl(pos >= L0) / in-window control", "extrapolation damage", unit_line=True)
     _lines(axes[1], results["schemes"], "ppl_all", multiples)
-    axes[1].set_ylabel("ppl over all positions")
-    axes[1].set_title("non-overlapping perplexity")
+    _label(axes[1], "ppl over all positions", "non-overlapping perplexity")
     if far:
         for name, entry in results["schemes"].items():
             ratios = entry["eval"][far[-1]]["band_ratios"]
             axes[2].plot(range(len(ratios)), ratios, "-o", label=name, markersize=3)
-        axes[2].axhline(1.0, color="grey", lw=0.8)
+        _label(axes[2], "band ppl / control", "per-band ratio", unit_line=True)
         axes[2].set_xlabel(f"band of L0 positions (at {far[-1]}x)")
-        axes[2].set_ylabel("band ppl / control")
-        axes[2].set_title("per-band ratio")
         axes[2].grid(alpha=0.3)
     axes[0].legend(fontsize=8)
-    fig.tight_layout()
-    paths.append(out_dir / "ppl_vs_length.png")
-    fig.savefig(paths[-1], dpi=110)
-    plt.close(fig)
+    _save(plt, fig, out_dir / "ppl_vs_length.png", paths)
 
     if results["extension"]:
         fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
@@ -65,17 +71,12 @@ def draw_all(results: dict, out_dir: pathlib.Path) -> list[pathlib.Path]:
         _lines(axes[0], results["extension"], "ratio_out", far)
         if results["finetune"]:
             _lines(axes[0], {f"FT {k}": v for k, v in results["finetune"].items()}, "ratio_out", far, style="--s")
-        axes[0].axhline(1.0, color="grey", lw=0.8)
-        axes[0].set_ylabel("ppl(pos >= L0) / un-scaled in-window control")
-        axes[0].set_title("zero-shot rules (dashed: fine-tuned at 2 L0)")
+        _label(axes[0], "ppl(pos >= L0) / un-scaled in-window control", "zero-shot rules (dashed: fine-tuned at 2 L0)",
+               unit_line=True)
         _lines(axes[1], results["extension"], "ppl_in", multiples)
-        axes[1].set_ylabel("ppl on positions < L0")
-        axes[1].set_title("in-range damage (rule configured for the length)")
+        _label(axes[1], "ppl on positions < L0", "in-range damage (rule configured for the length)")
         axes[0].legend(fontsize=7)
-        fig.tight_layout()
-        paths.append(out_dir / "extension_rules.png")
-        fig.savefig(paths[-1], dpi=110)
-        plt.close(fig)
+        _save(plt, fig, out_dir / "extension_rules.png", paths)
 
     probes = {k: e["probe"] for k, e in results["schemes"].items() if e["probe"]}
     if probes:
@@ -90,8 +91,5 @@ def draw_all(results: dict, out_dir: pathlib.Path) -> list[pathlib.Path]:
             ax.grid(alpha=0.3)
         axes[0][0].set_ylabel("copy accuracy")
         axes[0][0].legend(fontsize=7)
-        fig.tight_layout()
-        paths.append(out_dir / "retrieval_depth.png")
-        fig.savefig(paths[-1], dpi=110)
-        plt.close(fig)
+        _save(plt, fig, out_dir / "retrieval_depth.png", paths)
     return paths
