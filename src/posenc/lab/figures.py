@@ -85,6 +85,7 @@ def draw_all(results: dict, out_dir: pathlib.Path) -> list[pathlib.Path]:
             for name, rows in probes.items():
                 at = sorted((p["depth"], p["accuracy"]) for p in rows if p["multiple"] == m)
                 ax.plot([d for d, _ in at], [a for _, a in at], "-o", label=name, markersize=4)
+            ax.axhline(1 / 26, color="grey", ls=":", lw=0.8)  # chance: a random lowercase letter
             ax.set_title(f"length {m}x L0")
             ax.set_xlabel("depth of the earlier copy (0 = start)")
             ax.set_ylim(-0.02, 1.02)
