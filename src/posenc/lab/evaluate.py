@@ -12,7 +12,7 @@ prediction, position by position, `[n, L]`. `summarize` turns it into, per evalu
 
     >>> import torch
     >>> nll = torch.full((2, 8), 1.0, dtype=torch.float64)
-    >>> row = summarize(nll, nll, l0=4, multiples=(1, 2))[1]
+    >>> row = summarize(nll, nll, l0=4, multiples=(1, 2))[2]
     >>> round(row["ppl_out"], 4), row["ratio_out"], [round(b, 4) for b in row["bands"]]
     (2.7183, 1.0, [2.7183, 2.7183])
 """
