@@ -53,11 +53,12 @@ def bar(label: str, total: int, *, mode: str | None = None) -> Iterator[Callable
         yield lambda n=1, info="": None
         return
     if mode == "rich":
+        from rich.console import Console
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
         columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                    TextColumn("{task.fields[info]}"))
-        with Progress(*columns, transient=False) as progress:
+        with Progress(*columns, transient=False, console=Console(stderr=True)) as progress:  # stdout: the results
             task = progress.add_task(label, total=total, info="")
             yield lambda n=1, info="": progress.update(task, advance=n, info=info)
         return
