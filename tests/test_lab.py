@@ -269,3 +269,23 @@ def test_lab_cli_rejects_bad_input_before_training(capsys, tmp_path):
     assert "rule: expected a rule name" in capsys.readouterr().err and not (tmp_path / "x").exists()
     assert main(["lab", "--quick", "--longrope-factors", "1,2", "--out", str(tmp_path / "x")]) == 2
     assert "longrope_factors: expected head_dim / 2 = 8 numbers" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("mode", ["plain", "rich", "off"])
+def test_progress_bars_write_to_stderr_only(capsys, mode):
+    from posenc.lab.progress import bar, set_mode
+
+    with bar("steps", 20, mode=mode) as tick:
+        for i in range(20):
+            tick(info=f"loss {i}")
+    out, err = capsys.readouterr()
+    assert out == ""
+    if mode == "plain":
+        lines = err.splitlines()
+        assert len(lines) == 11 and lines[0].startswith("steps: 1/20 (5%)") and lines[-1].startswith("steps: 20/20 (100%)") and lines[-1].endswith("loss 19")
+    elif mode == "rich":
+        assert "20/20" in err and "loss 19" in err
+    else:
+        assert err == ""
+    with pytest.raises(PosencError, match="progress: expected one of"):
+        set_mode("loud")
