@@ -1,4 +1,4 @@
-"""The `posenc` command: `posenc inspect MODEL_OR_CONFIG` and `posenc plot KIND [MODEL...]`.
+"""The `posenc` command: `posenc inspect MODEL_OR_CONFIG`, `posenc plot KIND [MODEL...]` and `posenc lab`.
 
     >>> main(["inspect", "llama-2-7b", "--lengths", "4k", "--dtypes", "fp16", "--bands", "2"])  # doctest: +ELLIPSIS
     llama-2-7b: meta-llama/Llama-2-7b-hf (preset llama-2-7b)
@@ -82,7 +82,7 @@ def _plot(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The argparse parser of `posenc` (subcommands inspect and plot)."""
+    """The argparse parser of `posenc` (subcommands inspect, plot and lab)."""
     parser = argparse.ArgumentParser(prog="posenc", description="Positional encodings of transformer checkpoints.")
     parser.add_argument("--version", action="version", version=f"posenc {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -118,6 +118,9 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--dim", type=int, help="model width for the sinusoidal table (default 128)")
     q.add_argument("--heads", type=int, help="heads for the alibi figure without a model (default 8)")
     q.set_defaults(run=_plot)
+    from .lab.cli import add_parser as add_lab_parser  # `posenc lab`: its code lives in posenc/lab/
+
+    add_lab_parser(sub)
     return parser
 
 
