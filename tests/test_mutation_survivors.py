@@ -7,7 +7,7 @@ import pytest
 import torch
 from conftest import assert_close
 
-from posenc import PosencError, Rope, apply_rope
+from posenc import PosencError, Rope, apply_rope, mrope_segment_positions
 from posenc.cache import KVCache
 
 
@@ -19,6 +19,11 @@ def test_fresh_cache_marks_every_slot_empty_and_unknown():
     cache.reserve(torch.tensor([[7, 8]]).expand(3, 2))  # positions without token ids: the ids stay unknown
     assert torch.equal(cache.tokens, torch.full((3, 5), -1))
     assert torch.equal(cache.positions[:, :2], torch.tensor([[7, 8]] * 3))
+    # `clear` (mutant: tokens[rows] = -1 -> 0): a cleared row is empty and its ids unknown again
+    cache.reserve(torch.tensor([[9]]).expand(3, 1), tokens=torch.tensor([[4], [5], [6]]))
+    cache.clear(torch.tensor([True, False, True]))
+    assert torch.equal(cache.tokens[:, 2], torch.tensor([-1, 5, -1]))
+    assert torch.equal(cache.positions[0], torch.full((5,), -1)) and cache.lengths.tolist() == [0, 3, 0]
 
 
 @pytest.mark.parametrize("store", ["rotated", "unrotated"])
@@ -54,3 +59,35 @@ def test_apply_rope_refuses_an_integer_sin_table():
         apply_rope(x, cos, sin.long())
     with pytest.raises(PosencError, match=r"^sin: expected a floating-point torch\.Tensor, got list$"):
         apply_rope(x, cos, sin.tolist())
+
+
+def test_layout_td_is_one_sequence_of_one_head():
+    """rope/apply.py LAYOUTS["td"] = (2, ...), mutant 2 -> 3: `[t, d]` input (one head, no batch) is accepted."""
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(5, 8, generator=gen)
+    cos, sin = Rope(head_dim=8).cos_sin(torch.arange(3, 8))  # [5, 4]
+    got = apply_rope(x, cos, sin, layout="td")
+    assert got.shape == (5, 8)
+    assert torch.equal(got, apply_rope(x[None, None], cos, sin)[0, 0])  # the bhtd result of the same head
+    with pytest.raises(PosencError, match=r"^x: expected a tensor of rank 2"):
+        apply_rope(x[None], cos, sin, layout="td")
+
+
+def test_empty_text_segment_adds_no_positions():
+    """rope/mrope_positions.py: a text segment's count may be 0 (mutant: min 0 -> 1 refused it)."""
+    pos, nxt = mrope_segment_positions([("text", 2), ("text", 0), ("text", 1)], start=4)
+    assert pos.tolist() == [[4, 5, 6]] * 3 and nxt == 7
+    with pytest.raises(PosencError, match=r"^segments\[0\]"):
+        mrope_segment_positions([("text", -1)])
+
+
+def test_decoder_rms_norm_eps_defaults_to_transformers_llama():
+    """hf/facts.py `cfg.get("rms_norm_eps", 1e-6)`, mutant 2e-06: a config without the key gets LlamaConfig's 1e-6."""
+    from posenc.models import Decoder
+
+    transformers = pytest.importorskip("transformers")
+    cfg = {"model_type": "llama", "vocab_size": 11, "hidden_size": 16, "intermediate_size": 24, "num_hidden_layers": 1,
+           "num_attention_heads": 2, "num_key_value_heads": 1, "max_position_embeddings": 64}
+    model = Decoder.from_hf_config(cfg, seed=0)
+    eps = {m.eps for m in model.modules() if hasattr(m, "eps")}
+    assert eps == {transformers.LlamaConfig().rms_norm_eps} == {1e-6}
