@@ -57,6 +57,11 @@ def test_one_table_at_the_forwards_length(name, causal, gen):
     assert_close(full, want, dtype=torch.float32)  # the tables are float32 (checkpoint arithmetic)
     chunk = attention(q[:, :, :5], k, v, q_positions=pos[:5], k_positions=pos, encoding=rope, causal=causal)
     assert_close(chunk, want[:, :, :5], dtype=torch.float32)  # a chunk of queries equals those rows of the full forward
+    late = attention(q[:, :, 5:], k[:, :, :5], v[:, :, :5], q_positions=pos[5:], k_positions=pos[:5], encoding=rope,
+                     causal=causal)  # queries after every key: the keys too use the table of length 10
+    want_late = _softmax_attention64(_rotate64(rope, q[:, :, 5:], pos[5:], 10), _rotate64(rope, k[:, :, :5], pos[:5], 10),
+                                     v[:, :, :5], pos[5:], pos[:5], causal)
+    assert_close(late, want_late, dtype=torch.float32)
     if not causal:  # the short table would give another answer: the test can see the bug
         short = _softmax_attention64(_rotate64(rope, q[:, :, :5], pos[:5], 5), _rotate64(rope, k, pos, 10), v,
                                      pos[:5], pos, causal)

@@ -28,12 +28,19 @@ def ids(shape, seed=1):
 
 
 @torch.no_grad()
+def filled_cache(name, tokens=8, capacity=12):
+    """The cache of a one-row forward over `tokens` tokens of the decoder for encoding `name`."""
+    m = decoder(name)
+    cache = m.new_cache(1, capacity)
+    m(ids((1, tokens)), cache=cache)
+    return cache
+
+
+@torch.no_grad()
 @pytest.mark.parametrize("name", ["sinusoidal", "learned"])
 def test_absolute_caches_refuse_to_move(name):
     """K/V of an absolute encoding carry their positions: relabelling slots would be silently wrong."""
-    m = decoder(name)
-    cache = m.new_cache(1, 12)
-    m(ids((1, 8)), cache=cache)
+    cache = filled_cache(name)
     state = (cache.positions.clone(), cache.k[0].clone(), cache.lengths.clone())
     with pytest.raises(PosencError, match=r"^shift: expected False for a cache of absolute position embeddings"):
         cache.keep_recent(4, 1, shift=True)
@@ -49,9 +56,7 @@ def test_absolute_caches_refuse_to_move(name):
 @torch.no_grad()
 @pytest.mark.parametrize("name", ["rope", "alibi"])
 def test_relative_caches_still_move(name):
-    m = decoder(name)
-    cache = m.new_cache(1, 12)
-    m(ids((1, 8)), cache=cache)
+    cache = filled_cache(name)
     cache.keep_recent(4, 1, shift=True)
     assert cache.positions[0, :6].tolist() == [0, 1, 2, 3, 4, -1] and not cache.absolute
 
@@ -147,3 +152,21 @@ def test_decoder_messages_use_its_own_names():
                                           r"is at 2\); each position holds one token, got 1$") as info:
         m(ids((1, 3)), position_ids=torch.tensor([0, 2, 1]))
     assert "cached" not in str(info.value)
+
+
+@pytest.mark.parametrize("call, message", [
+    (lambda c: c.read(1), r"^layer: expected an integer in \[0, 0\], got 1$"),
+    (lambda c: c.read(-1), r"^layer: expected an integer in \[0, 0\], got -1$"),
+    (lambda c: c.write("0", torch.zeros(2, 1, 1, 4), torch.zeros(2, 1, 1, 4), torch.zeros(2, 1, dtype=torch.long)),
+     r"^layer: expected an integer in \[0, 0\], got '0'$"),
+    (lambda c: c.clear(torch.tensor([1, 0])), r"^rows: expected None or a bool tensor of shape \[2\]"),
+    (lambda c: c.retable(torch.tensor([4])), r"^seq_lens: expected 2 lengths \(one per row\)"),
+    (lambda c: c.retable([4, 4]), r"^seq_lens: expected an integer torch\.Tensor of rank 1, got list$"),
+    (lambda c: c.tables(torch.tensor([0, 1])), r"^positions: expected shape \[2, t\]"),
+])
+def test_cache_methods_refuse_bad_arguments(call, message):
+    cache = KVCache(1, 2, 1, 4, capacity=6, rope=posenc.Rope(head_dim=4))
+    cache.reserve(torch.tensor([[0, 1, 2], [3, 4, 5]]))
+    with pytest.raises(PosencError, match=message):
+        call(cache)
+    assert cache.lengths.tolist() == [3, 3]

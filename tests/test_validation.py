@@ -103,3 +103,26 @@ def test_rotate_honours_compute_dtype(pairing):
     got = rope.rotate(x, pos, compute_dtype=torch.bfloat16)
     assert torch.equal(got, want)
     assert not torch.equal(rope.rotate(x, pos), want)  # the float32 default differs: the argument matters
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("precision", ["float32", "exact"])
+def test_tables_take_every_integer_dtype(dtype, precision):
+    from posenc.rope.tables import cos_sin
+
+    inv = torch.tensor([1.0, 0.1, 0.01])
+    assert all(torch.equal(a, b) for a, b in zip(cos_sin(POS.to(dtype), inv, 1.0, precision), cos_sin(POS, inv, 1.0, precision)))
+
+
+@pytest.mark.parametrize("section, message", [
+    (4, r"^mrope_section: expected a non-empty list of non-negative integers, got 4$"),
+    ((), r"^mrope_section: expected a non-empty list"),
+    ((2, "1", 1), r"^mrope_section\[1\]: expected an integer >= 0, got '1'$"),
+    ((2, 1, 1.0), r"^mrope_section\[2\]: expected an integer >= 0, got 1\.0$"),
+])
+def test_mrope_section_checked_before_use(section, message):
+    with pytest.raises(PosencError, match=message):
+        Rope(head_dim=8, mrope_section=section)
+    with pytest.raises(PosencError, match=r"^mrope_interleaved: expected True or False, got 'yes'$"):
+        Rope(head_dim=8, mrope_section=(2, 1, 1), mrope_interleaved="yes")
+    assert Rope(head_dim=8, mrope_section=[np.int64(2), 1, 1]).mrope_section == (2, 1, 1)

@@ -124,6 +124,9 @@ class KVCache:
         return (f"KVCache(layers={self.num_layers}, batch={self.batch_size}, capacity={self.capacity}, "
                 f"store={self.store!r}, policy={self.policy!r}, lengths={self.lengths.tolist()})")
 
+    def _layer(self, layer: Any) -> int:
+        return integer("layer", layer, min=0, max=self.num_layers - 1)
+
     # ---------------------------------------------------------------- writing
     def check_append(self, positions: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
         """Validate new tokens without changing anything; return the bool mask `[b, t]`.
@@ -206,6 +209,7 @@ class KVCache:
             slots: `[b, t]` from `reserve`.
             cos, sin: `[b, t, r/2]` tables of the new positions (default: `row_tables` at `table_len`).
         """
+        layer = self._layer(layer)
         if self.store == "rotated" and self.rope is not None:
             if cos is None or sin is None:
                 cos, sin = self.tables(self.positions.gather(1, slots.clamp(min=0)))
@@ -220,6 +224,7 @@ class KVCache:
         """`row_tables` of this cache's rope for `positions [b, t]`, each row at its `table_len`."""
         if self.rope is None:
             fail("rope", "a posenc.Rope (this cache was built without one)", None)
+        positions = check_positions("positions", positions, shapes=[(self.batch_size, "t")], allow_negative=True)
         return row_tables(self.rope, positions, self.table_len)
 
     def read(self, layer: int, key_tables: tuple[torch.Tensor, torch.Tensor] | None = None
@@ -232,7 +237,7 @@ class KVCache:
         Returns:
             `(k [b, hk, width, d], v [b, hk, width, dv])`; pair with `positions[:, :width]` and `valid()`.
         """
-        w = self.width
+        layer, w = self._layer(layer), self.width
         k, v = self.k[layer][:, :, :w], self.v[layer][:, :, :w]  # [b, hk, w, d]
         if self.store == "unrotated" and self.rope is not None:
             cos, sin = key_tables if key_tables is not None else self.tables(self.positions[:, :w])
@@ -260,7 +265,9 @@ class KVCache:
         Raises:
             PosencError: policy "refuse" and a filled row whose frequencies would change (nothing is modified).
         """
-        seq_lens = seq_lens.to(self.table_len)
+        seq_lens = integer_tensor("seq_lens", seq_lens, ndim=(1,)).to(self.table_len)
+        if seq_lens.shape[0] != self.batch_size:
+            fail("seq_lens", f"{self.batch_size} lengths (one per row)", seq_lens)
         changed = self.table_changes(seq_lens)
         if self.policy == "refuse" and bool(changed.any()):
             row = int(changed.nonzero()[0])
@@ -289,7 +296,10 @@ class KVCache:
     # ---------------------------------------------------------------- editing
     def clear(self, rows: torch.Tensor | None = None) -> None:
         """Empty the given rows (`[b]` bool; default all)."""
-        rows = torch.ones_like(self.lengths, dtype=torch.bool) if rows is None else rows
+        if rows is None:
+            rows = torch.ones_like(self.lengths, dtype=torch.bool)
+        elif not isinstance(rows, torch.Tensor) or rows.dtype != torch.bool or rows.shape != self.lengths.shape:
+            fail("rows", f"None or a bool tensor of shape [{self.batch_size}]", rows)
         self.positions[rows] = -1
         self.tokens[rows] = -1
         self.lengths[rows] = 0

@@ -279,7 +279,9 @@ def integer_tensor(arg: str, x: Any, *, ndim: tuple[int, ...] | None = None, wha
     For integer tensors that are not positions (counts, row indices); `what` is the "expected" text.
     """
     what = what or "an integer torch.Tensor" + ("" if ndim is None else f" of rank {' or '.join(map(str, ndim))}")
-    if not isinstance(x, torch.Tensor) or x.dtype.is_floating_point or x.dtype.is_complex or x.dtype == torch.bool:
+    if not isinstance(x, torch.Tensor):
+        fail(arg, what, type(x))
+    if x.dtype.is_floating_point or x.dtype.is_complex or x.dtype == torch.bool:
         fail(arg, what, x)
     if ndim is not None and x.ndim not in ndim:
         fail(arg, what, x)

@@ -26,7 +26,14 @@ import torch
 from ..errors import fail, integer, positions
 from . import tables
 
-__all__ = ["mrope_axis_map", "gather_axes", "mrope_cos_sin"]
+__all__ = ["mrope_axis_map", "gather_axes", "mrope_cos_sin", "check_sections"]
+
+
+def check_sections(sections: object) -> tuple[int, ...]:
+    """The one check of an `mrope_section`: a non-empty list of integers >= 0, returned as a tuple."""
+    if isinstance(sections, (str, bytes, torch.Tensor)) or not hasattr(sections, "__len__") or not len(sections):
+        fail("mrope_section", "a non-empty list of non-negative integers", sections)
+    return tuple(integer(f"mrope_section[{i}]", s, min=0) for i, s in enumerate(sections))
 
 
 def mrope_axis_map(sections: tuple[int, ...], interleaved: bool = False) -> torch.Tensor:
@@ -36,9 +43,7 @@ def mrope_axis_map(sections: tuple[int, ...], interleaved: bool = False) -> torc
         sections: frequencies per axis, summing to r/2.
         interleaved: Qwen3-VL's interleaved assignment instead of contiguous sections.
     """
-    if isinstance(sections, (str, bytes, torch.Tensor)) or not hasattr(sections, "__len__") or not len(sections):
-        fail("mrope_section", "a non-empty list of non-negative integers", sections)
-    sections = tuple(integer(f"mrope_section[{i}]", s, min=0) for i, s in enumerate(sections))
+    sections = check_sections(sections)
     total = sum(sections)
     if not interleaved:
         return torch.repeat_interleave(torch.arange(len(sections)) % 3, torch.tensor(sections))

@@ -18,7 +18,7 @@ import torch
 from ..errors import boolean, check_float_tensor, choice, fail, integer, positions, real
 from . import tables
 from .apply import LAYOUTS, PAIRINGS, apply_rope
-from .mrope import mrope_axis_map, mrope_cos_sin
+from .mrope import check_sections, mrope_axis_map, mrope_cos_sin
 from .scaling import Default, Scaling, check_base, check_seq_len
 
 __all__ = ["Rope"]
@@ -67,14 +67,14 @@ class Rope:
         if not hasattr(self.scaling, "inv_freq"):
             fail("scaling", "a scaling rule from posenc.rope.scaling", self.scaling)
         choice("pairing", self.pairing, PAIRINGS)
+        object.__setattr__(self, "mrope_interleaved", boolean("mrope_interleaved", self.mrope_interleaved))
         if self.mrope_section is not None:
-            section = tuple(self.mrope_section)
-            mrope_axis_map(section, self.mrope_interleaved)  # validates the entries
+            section = check_sections(self.mrope_section)
+            mrope_axis_map(section, self.mrope_interleaved)  # interleaved M-RoPE needs exactly 3 sections
             if sum(section) != rotary // 2:
                 fail("mrope_section", f"sections summing to rotary_dim / 2 = {rotary // 2}", list(section))
             object.__setattr__(self, "mrope_section", section)
         object.__setattr__(self, "softmax_scale_factor", real("softmax_scale_factor", self.softmax_scale_factor, gt=0))
-        object.__setattr__(self, "mrope_interleaved", boolean("mrope_interleaved", self.mrope_interleaved))
         # Fail at construction, not at first use, if the scaling cannot serve this width.
         self.scaling.inv_freq(self.base, rotary, None)
 

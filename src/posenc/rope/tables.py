@@ -32,7 +32,7 @@ from typing import Literal
 
 import torch
 
-from ..errors import choice, fail
+from ..errors import choice, fail, positions as check_positions
 
 __all__ = ["angles", "cos_sin", "cos_sin_from_angles", "check_precision", "PRECISIONS"]
 
@@ -71,6 +71,7 @@ def angles(positions: torch.Tensor, inv_freq: torch.Tensor, precision: Precision
         (torch.float64, True)
     """
     check_precision(precision)
+    positions = check_positions("position_ids", positions, allow_negative=True)  # no host sync; uint -> int64
     inv_freq = inv_freq.to(device=positions.device, dtype=torch.float32)
     if precision == "float32":
         # fp32: bf16 positions lose integer precision above 256; the product is rounded once, as in transformers
