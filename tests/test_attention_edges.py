@@ -87,7 +87,8 @@ def test_scores_depend_on_relative_position_only(name, impl):
 @pytest.mark.parametrize("encoding", [None, Rope(head_dim=8), ALiBi(4), Sinusoidal(8)], ids=["none", "rope", "alibi", "sin"])
 @pytest.mark.parametrize("b, tq, tk", [(0, 3, 5), (2, 0, 5), (2, 3, 0), (0, 0, 0)])
 def test_empty_inputs_give_empty_or_zero_outputs(impl, encoding, b, tq, tk):
-    q, k, v = torch.randn(b, 4, tq, 8), torch.randn(b, 2, tk, 8), torch.randn(b, 2, tk, 3)
+    g = torch.Generator().manual_seed(0)
+    q, k, v = torch.randn(b, 4, tq, 8, generator=g), torch.randn(b, 2, tk, 8, generator=g), torch.randn(b, 2, tk, 3, generator=g)
     out = attention(q, k, v, q_positions=torch.arange(tq), k_positions=torch.arange(tk), encoding=encoding, impl=impl)
     assert out.shape == (b, 4, tq, 3) and out.dtype == q.dtype and not out.any()  # no key: zeros, never NaN
 
@@ -105,7 +106,9 @@ def test_every_integer_position_dtype_equals_int64(dtype, encoding, gen):
 
 
 def _args(**kw):
-    args = dict(q=torch.randn(2, 4, 3, 8), k=torch.randn(2, 2, 5, 8), v=torch.randn(2, 2, 5, 8),
+    g = torch.Generator().manual_seed(0)
+    args = dict(q=torch.randn(2, 4, 3, 8, generator=g), k=torch.randn(2, 2, 5, 8, generator=g),
+                v=torch.randn(2, 2, 5, 8, generator=g),
                 q_positions=torch.arange(2, 5), k_positions=torch.arange(5), encoding=Rope(head_dim=8))
     return args | kw
 

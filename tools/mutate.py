@@ -74,6 +74,7 @@ class Mutant:
     col: int
     what: str  # e.g. "+ -> -"
     source: str  # the whole mutated file
+    original: str  # the line as it was, for the report
 
 
 def _span(lines: list[str], node: ast.AST) -> tuple[int, int]:
@@ -157,7 +158,7 @@ def mutants(path: Path) -> list[Mutant]:
                 ast.parse(mutated)
             except SyntaxError:
                 continue
-            out.append(Mutant(rel, node.lineno, node.col_offset + 1, what, mutated))
+            out.append(Mutant(rel, node.lineno, node.col_offset + 1, what, mutated, lines[node.lineno - 1].strip()))
     return sorted(out, key=lambda m: (m.line, m.col, m.what))
 
 
@@ -314,8 +315,7 @@ def main(argv: list[str] | None = None) -> int:
     killed = sum(s != "passed" for _, s, _ in results)
     table = [f"{killed} of {len(results)} mutants killed, {len(survivors)} survived", "",
              "| file:line:col | mutation | source line |", "|---|---|---|"]
-    table += [f"| {m.file}:{m.line}:{m.col} | {m.what} | `{(ROOT / m.file).read_text().splitlines()[m.line - 1].strip()}` |"
-              for m, _ in survivors]
+    table += [f"| {m.file}:{m.line}:{m.col} | {m.what} | `{m.original}` |" for m, _ in survivors]
     print("\n".join(table))
     if args.report:
         Path(args.report).write_text("\n".join(table) + "\n")
