@@ -264,7 +264,8 @@ class Decoder(nn.Module):
             h = h + self.encoding.embedding(positions).to(h.dtype)  # [b, t, hidden]
         w = cache.width
         key_positions = cache.positions[:, :w]  # [b, w]
-        step = dict(slots=slots, cos=None, sin=None, key_tables=None, windows=self.layer_windows,
+        step = dict(slots=slots, index=cache.write_index(slots), cos=None, sin=None, key_tables=None,
+                    windows=self.layer_windows,
                     attend=self._attend(positions, key_positions, key_positions >= 0))
         if self.rope is not None:
             step["cos"], step["sin"] = cache.tables(positions)  # [b, t, r/2], each row at its table_len

@@ -78,7 +78,7 @@ class Attention(nn.Module):
         v = self.v_proj(x).view(b, t, self.num_kv_heads, self.head_dim).transpose(1, 2)  # [b, hk, t, d]
         if cache.rope is not None:
             q = apply_rope(q, step["cos"], step["sin"], pairing=cache.rope.pairing)
-        cache.write(layer, k, v, step["slots"], step["cos"], step["sin"])
+        cache.write(layer, k, v, step["slots"], step["cos"], step["sin"], index=step["index"])
         keys, values = cache.read(layer, step["key_tables"])  # [b, hk, w, d]
         out = step["attend"](q, keys, values, step["windows"][layer])  # [b, hq, t, d]
         return self.o_proj(out.transpose(1, 2).reshape(b, t, -1))  # [b, t, hidden]
