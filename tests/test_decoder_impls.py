@@ -75,16 +75,21 @@ def test_a_row_that_sees_no_key_stays_finite_in_every_impl():
 def test_growable_cache_doubles_and_equals_full_forward():
     model = make()
     x = ids((2, 140), seed=3)
+    mask = torch.ones(2, 140, dtype=torch.long)
+    mask[1, :9] = 0  # row 1 is 9 tokens shorter: its empty slots sit inside the read width
     with torch.no_grad():
-        want = model(x)
+        want = model(x, attention_mask=mask)
         cache = model.new_cache(2)  # capacity None: grows on demand
         assert cache.growable and cache.capacity == 64
-        steps, capacities = [model(x[:, :70], cache=cache)], [cache.capacity]
+        steps, capacities = [model(x[:, :70], attention_mask=mask[:, :70], cache=cache)], [cache.capacity]
         for i in range(70, 140):
-            steps.append(model(x[:, i:i + 1], cache=cache))
+            steps.append(model(x[:, i:i + 1], attention_mask=mask[:, i:i + 1], cache=cache))
             capacities.append(cache.capacity)
+            empty = torch.arange(cache.capacity)[None, :] >= cache.lengths[:, None]  # [2, capacity]
+            assert (cache.positions[empty] == -1).all() and (cache.tokens[empty] == -1).all()
     assert capacities[0] == 128 and sorted(set(capacities)) == [128, 256]  # max(need, 2 * capacity)
-    assert_close(torch.cat(steps, 1), want)
+    assert cache.lengths.tolist() == [140, 131]
+    assert_close(torch.cat(steps, 1)[mask.bool()], want[mask.bool()])
 
 
 def test_grown_cache_keeps_rollback_reorder_and_keep_recent():

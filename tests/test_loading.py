@@ -263,3 +263,86 @@ def test_bad_checkpoints_and_arguments_are_refused(tmp_path):
     pytest.importorskip("gguf")
     with pytest.raises(posenc.PosencError, match="path: expected a readable GGUF file"):
         Decoder.from_pretrained(tmp_path / "bad.gguf")
+
+
+# ------------------------------------------------------------------ GGUF files written here (llama.cpp's layout)
+GGUF_NAMES = {"input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm", "self_attn.q_proj": "attn_q",
+              "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v", "self_attn.o_proj": "attn_output",
+              "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down"}
+
+
+def write_gguf(path, hf, arch, rope_scaling=None):
+    """What llama.cpp's converter writes for `hf`: F32 tensors, Q/K rows permuted for arch llama."""
+    import gguf
+
+    cfg = hf.config
+    writer = gguf.GGUFWriter(str(path), arch)
+    writer.add_block_count(cfg.num_hidden_layers)
+    writer.add_context_length(cfg.max_position_embeddings)
+    writer.add_embedding_length(cfg.hidden_size)
+    writer.add_feed_forward_length(cfg.intermediate_size)
+    writer.add_head_count(cfg.num_attention_heads)
+    writer.add_head_count_kv(cfg.num_key_value_heads)
+    writer.add_rope_freq_base(cfg.rope_parameters["rope_theta"])
+    writer.add_layer_norm_rms_eps(cfg.rms_norm_eps)
+    if rope_scaling is not None:
+        writer.add_rope_scaling_type(gguf.RopeScalingType.YARN)
+        writer.add_rope_scaling_factor(rope_scaling["factor"])
+        writer.add_rope_scaling_orig_ctx_len(rope_scaling["original_max_position_embeddings"])
+    for name, tensor in hf.state_dict().items():
+        w = tensor.float().numpy().copy()
+        if name == "lm_head.weight":
+            if cfg.tie_word_embeddings:
+                continue
+            writer.add_tensor("output.weight", w)
+            continue
+        if name in ("model.embed_tokens.weight", "model.norm.weight"):
+            writer.add_tensor({"model.embed_tokens.weight": "token_embd.weight"}.get(name, "output_norm.weight"), w)
+            continue
+        _, _, layer, *module, kind = name.split(".")
+        part = GGUF_NAMES[".".join(module)]
+        heads = {"attn_q": cfg.num_attention_heads, "attn_k": cfg.num_key_value_heads}.get(part)
+        if arch == "llama" and heads:  # llama.cpp: rows (head, half, i) stored as (head, i, half)
+            w = w.reshape(heads, 2, w.shape[0] // heads // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+        writer.add_tensor(f"blk.{layer}.{part}.{kind}", w)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+
+
+@pytest.mark.parametrize("family, arch, extra", [("Llama", "llama", {}), ("Llama", "llama", {"tie_word_embeddings": True}),
+                                                 ("Qwen2", "qwen2", {})])
+def test_written_gguf_loads_and_matches_transformers(tmp_path, family, arch, extra):
+    pytest.importorskip("gguf", reason="the gguf package writes and reads GGUF files")
+    hf = save_tiny(tmp_path, family, **extra)
+    write_gguf(tmp_path / "m.gguf", hf, arch)
+    model = Decoder.from_pretrained(tmp_path / "m.gguf")
+    assert model.config["model_type"] == arch and model.config["tie_word_embeddings"] == bool(extra)
+    ids = torch.randint(0, 64, (2, 13), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        assert_close(model(ids), hf(ids).logits)
+
+
+def test_written_gguf_rope_scaling_and_refusals(tmp_path):
+    import gguf
+    import transformers
+
+    rule = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 16}
+    hf = save_tiny(tmp_path, "Llama")
+    write_gguf(tmp_path / "yarn.gguf", hf, "llama", rope_scaling=rule)
+    model = Decoder.from_pretrained(tmp_path / "yarn.gguf")
+    assert model.config["rope_scaling"] == rule
+    twin = transformers.LlamaForCausalLM(transformers.LlamaConfig(**TINY, rope_scaling=rule)).eval()
+    twin.load_state_dict(hf.state_dict())
+    ids = torch.randint(0, 64, (1, 40), generator=torch.Generator().manual_seed(4))
+    with torch.no_grad():
+        assert_close(model(ids), twin(ids).logits)
+
+    writer = gguf.GGUFWriter(str(tmp_path / "gpt2.gguf"), "gpt2")
+    writer.add_tensor("token_embd.weight", torch.zeros(4, 2).numpy())
+    for step in (writer.write_header_to_file, writer.write_kv_data_to_file, writer.write_tensors_to_file, writer.close):
+        step()
+    with pytest.raises(posenc.PosencError, match=r"general.architecture: expected one of \['llama', 'qwen2'\] "
+                                                 r"\(Llama-family GGUF\), got 'gpt2'"):
+        Decoder.from_pretrained(tmp_path / "gpt2.gguf")
