@@ -107,30 +107,34 @@ def test_gguf_config_equals_transformers_reading(gguf_path, smollm):
 
 
 def test_gguf_weights_equal_transformers_dequantization_and_unpermutation(gguf_path, smollm):
-    """Q/K of the first and last layer: transformers' torch dequantizer + its reverse permutation."""
-    import gguf
-    import numpy as np
+    """Q/K of the first and last layer and an MLP matrix, read by transformers' own GGUF reader (no `gguf`
+    package), dequantized by its torch dequantizer and un-permuted by its Llama tensor processor."""
     from transformers.integrations.gguf.dequant import dequantize
+    from transformers.integrations.gguf.reader import GgufHeader, load_gguf_state_dict
     from transformers.modeling_gguf_pytorch_utils import LlamaTensorProcessor
 
     from posenc.models.gguf_checkpoint import permute_rows
 
     cfg = smollm.config
+    header = GgufHeader.from_file(str(gguf_path))
+    shapes = {info.name: info.shape for info in header.tensors}  # torch order [out, in]
+    lazy = load_gguf_state_dict(header)
+
+    def raw(name):  # dequantized, in the file's (llama.cpp's) row order
+        return dequantize(lazy[name][...].flatten(), header.ggml_types[name]).reshape(shapes[name])
+
     processor = LlamaTensorProcessor(config=cfg)
-    tensors = {t.name: t for t in gguf.GGUFReader(str(gguf_path)).tensors}
     for layer in (0, cfg["num_hidden_layers"] - 1):
         for part, proj, heads in (("q", "q_proj", cfg["num_attention_heads"]),
                                   ("k", "k_proj", cfg["num_key_value_heads"])):
-            t = tensors[f"blk.{layer}.attn_{part}.weight"]
-            raw = dequantize(torch.from_numpy(np.array(t.data)).flatten(), int(t.tensor_type))
-            raw = raw.reshape(int(t.shape[1]), int(t.shape[0]))  # [out, in], llama.cpp's row order
-            want = torch.as_tensor(processor.process(raw.numpy(), t.name).weights)
+            name = f"blk.{layer}.attn_{part}.weight"
+            stored = raw(name)
+            want = torch.as_tensor(processor.process(stored.numpy(), name).weights)
             ours = getattr(smollm.layers[layer].self_attn, proj).weight
             assert torch.equal(ours, want), (layer, part)
-            assert torch.equal(permute_rows(ours, heads), raw) and not torch.equal(ours, raw)
-    down = tensors["blk.0.ffn_down.weight"]
-    raw = dequantize(torch.from_numpy(np.array(down.data)).flatten(), int(down.tensor_type))
-    assert torch.equal(smollm.layers[0].mlp.down_proj.weight, raw.reshape(int(down.shape[1]), int(down.shape[0])))
+            assert torch.equal(permute_rows(ours, heads), stored) and not torch.equal(ours, stored)
+    assert torch.equal(smollm.layers[0].mlp.down_proj.weight, raw("blk.0.ffn_down.weight"))
+    assert torch.equal(smollm.embed_tokens.weight, raw("token_embd.weight"))  # Q8_0
 
 
 def test_logits_equal_transformers_on_real_text(smollm, text_ids):

@@ -243,17 +243,18 @@ class KVCache:
             fail("rope", "a posenc.Rope (this cache was built without one)", None)
         return row_tables(self.rope, positions, self.table_len)
 
-    def read(self, layer: int, key_tables: tuple[torch.Tensor, torch.Tensor] | None = None
-             ) -> tuple[torch.Tensor, torch.Tensor]:
+    def read(self, layer: int, key_tables: tuple[torch.Tensor, torch.Tensor] | None = None,
+             width: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """Keys (rotated at their slot positions) and values of the first `width` slots.
 
         Args:
             layer: layer index.
             key_tables: for unrotated storage, precomputed `tables(positions[:, :width])` (one per step).
+            width: `self.width`, when the caller already has it (one host sync per forward, not per layer).
         Returns:
             `(k [b, hk, width, d], v [b, hk, width, dv])`; pair with `positions[:, :width]` and `valid()`.
         """
-        w = self.width
+        w = self.width if width is None else width
         k, v = self.k[layer][:, :, :w], self.v[layer][:, :, :w]  # [b, hk, w, d]
         if self.store == "unrotated" and self.rope is not None:
             cos, sin = key_tables if key_tables is not None else self.tables(self.positions[:, :w])
