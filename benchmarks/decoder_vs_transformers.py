@@ -2,7 +2,7 @@
 
 Prefill of N real tokens (CPython's pydoc_data.topics text) and greedy decode with a KV cache, fp32,
 1 thread by default. The two models alternate within each repeat so that machine load hits both alike;
-the table reports the best (minimum) wall and CPU seconds per phase and the ratio posenc / transformers
+the table reports the best and median wall and CPU seconds per phase and the ratio posenc / transformers
 (< 1 means posenc is faster). Not a test: timings on a shared machine are noisy, compare ratios.
 
     python benchmarks/decoder_vs_transformers.py --tokens 512 --decode 32 --repeats 3
@@ -11,7 +11,9 @@ the table reports the best (minimum) wall and CPU seconds per phase and the rati
 from __future__ import annotations
 
 import argparse
+import statistics
 import time
+from pathlib import Path
 
 import torch
 
@@ -20,20 +22,6 @@ def timed(fn):
     wall, cpu = time.perf_counter(), time.process_time()
     out = fn()
     return out, time.perf_counter() - wall, time.process_time() - cpu
-
-
-def hf_twin(model):
-    """transformers' LlamaForCausalLM (sdpa) holding the decoder's very tensors."""
-    import transformers
-
-    config = transformers.LlamaConfig(**{k: v for k, v in model.config.items() if k != "model_type"})
-    config._attn_implementation = "sdpa"
-    with torch.device("meta"):
-        hf = transformers.LlamaForCausalLM(config)
-    state = {(k if k == "lm_head.weight" else "model." + k): v for k, v in model.state_dict().items()}
-    hf.load_state_dict(state, assign=True)
-    hf.model.rotary_emb = type(hf.model.rotary_emb)(config=config)
-    return hf.eval()
 
 
 def run_posenc(model, ids, steps):
@@ -82,33 +70,35 @@ def main(argv=None) -> None:
 
     import pydoc_data.topics
 
-    from posenc.models import Decoder, embedded_model_path, load_tokenizer
+    from posenc.models import Decoder, embedded_model_path, load_tokenizer, to_transformers
 
     path = args.model or embedded_model_path()
     print(f"loading {path} ...", flush=True)
     model = Decoder.from_pretrained(path)  # fp32, sdpa
-    hf = hf_twin(model)
+    hf = to_transformers(model)  # LlamaForCausalLM, sdpa, the very same tensors
     tokenizer = load_tokenizer(path)
     text = "\n".join(pydoc_data.topics.topics[k] for k in sorted(pydoc_data.topics.topics))
     ids = torch.tensor([tokenizer.encode(text[: 8 * args.tokens])[: args.tokens]])
-    best: dict[str, list[float]] = {}
+    runs: dict[str, list[list[float]]] = {"posenc": [], "transformers": []}
+    tokens: dict[str, list[int]] = {}
     with torch.inference_mode():
         for repeat in range(args.repeats):
             for name, fn, engine in (("posenc", run_posenc, model), ("transformers", run_hf, hf)):
-                *times, tokens = fn(engine, ids, args.decode)
-                best[name] = [min(a, b) for a, b in zip(best.get(name, times), times)]
-                best[name + " tokens"] = tokens
-                print(f"  repeat {repeat + 1}/{args.repeats} {name}: prefill {times[0]:.3f} s, "
-                      f"decode {1000 * times[2]:.1f} ms/token", flush=True)
-    same = best["posenc tokens"] == best["transformers tokens"]
-    print(f"\nSmolLM2-135M fp32, {args.threads} thread(s), prefill {args.tokens} tokens, decode {args.decode} "
-          f"tokens; best of {args.repeats}; greedy tokens identical: {same}")
-    print(f"{'phase':<18}{'posenc':>12}{'transformers':>14}{'ratio':>8}")
+                *times, tokens[name] = fn(engine, ids, args.decode)
+                runs[name].append(times)
+                print(f"  repeat {repeat + 1}/{args.repeats} {name}: prefill {times[0]:.3f} s "
+                      f"(cpu {times[1]:.3f}), decode {1000 * times[2]:.1f} ms/token (cpu {1000 * times[3]:.1f})",
+                      flush=True)
+    same = tokens["posenc"] == tokens["transformers"]
+    print(f"\n{Path(str(path)).name}, fp32, {args.threads} thread(s), prefill {args.tokens} tokens, decode "
+          f"{args.decode} tokens, {args.repeats} alternating repeats; greedy tokens identical: {same}")
+    print(f"{'phase':<16}{'stat':<8}{'posenc':>10}{'transformers':>14}{'ratio':>8}")
     labels = ("prefill wall s", "prefill cpu s", "decode wall ms", "decode cpu ms")
     for i, label in enumerate(labels):
         scale = 1000.0 if "ms" in label else 1.0
-        ours, theirs = best["posenc"][i] * scale, best["transformers"][i] * scale
-        print(f"{label:<18}{ours:>12.3f}{theirs:>14.3f}{ours / theirs:>8.3f}")
+        for stat, reduce in (("best", min), ("median", statistics.median)):
+            ours, theirs = (reduce(r[i] for r in runs[name]) * scale for name in ("posenc", "transformers"))
+            print(f"{label:<16}{stat:<8}{ours:>10.3f}{theirs:>14.3f}{ours / theirs:>8.3f}")
 
 
 if __name__ == "__main__":

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 import posenc
-from posenc.models import Decoder, embedded_model_path, load_tokenizer
+from posenc.models import Decoder, embedded_model_path, load_tokenizer, to_transformers
 from posenc.models.loading import EMBEDDED_INSTALL
 from conftest import assert_close
 
@@ -56,21 +56,6 @@ def pydoc_text(chars=4000):
 @pytest.fixture(scope="session")
 def text_ids(tokenizer):
     return torch.tensor([tokenizer.encode(pydoc_text())[:TEXT_TOKENS]])  # [1, 160]
-
-
-def hf_twin(model):
-    """transformers' model class for `model.config`, holding the very same weights (no copy)."""
-    import transformers
-
-    cfg = {k: v for k, v in model.config.items() if k != "model_type"}
-    family = {"llama": "Llama", "mistral": "Mistral", "qwen2": "Qwen2"}[model.config["model_type"]]
-    config = getattr(transformers, f"{family}Config")(**cfg)
-    with torch.device("meta"):
-        hf = getattr(transformers, f"{family}ForCausalLM")(config)
-    state = {(k if k == "lm_head.weight" else "model." + k): v for k, v in model.state_dict().items()}
-    hf.load_state_dict(state, assign=True)
-    hf.model.rotary_emb = type(hf.model.rotary_emb)(config=config)  # its inv_freq buffer is not in the state
-    return hf.to(model.lm_head.weight.dtype).eval()
 
 
 def nll_and_top1(logits, ids, reference):
@@ -139,7 +124,7 @@ def test_gguf_weights_equal_transformers_dequantization_and_unpermutation(gguf_p
 
 def test_logits_equal_transformers_on_real_text(smollm, text_ids):
     """float32, the same dequantized weights: max |logit difference| <= 1e-4 on 160 tokens of English."""
-    hf = hf_twin(smollm)
+    hf = to_transformers(smollm)
     with torch.no_grad():
         want = hf(text_ids).logits
         for impl in ("sdpa", "eager"):
@@ -208,7 +193,17 @@ def test_transformers_directory_loads_and_matches(tmp_path, family, extra):
     model = Decoder.from_pretrained(tmp_path, dtype=torch.float64)
     assert model.lm_head.weight.dtype == torch.float64
     with torch.no_grad():
-        assert_close(model(ids), hf.double()(ids).logits, dtype=torch.float32)  # hf's norms round via float32
+        want = hf.double()(ids).logits
+        assert_close(model(ids), want, dtype=torch.float32)  # hf's norms round via float32
+        twin = to_transformers(model)  # transformers' class again, on the decoder's very tensors
+        assert type(twin) is type(hf) and twin.model.embed_tokens.weight.data_ptr() == model.embed_tokens.weight.data_ptr()
+        assert_close(twin(ids).logits, want)
+
+
+def test_to_transformers_needs_a_known_family():
+    bare = Decoder(vocab_size=8, hidden_size=8, num_layers=1, num_heads=2, intermediate_size=8)
+    with pytest.raises(posenc.PosencError, match=r"model: expected a Decoder whose config has model_type in"):
+        to_transformers(bare)
 
 
 def test_rope_scaling_overrides_the_checkpoint_rule(tmp_path):
