@@ -166,6 +166,31 @@ def test_tokenizer_equals_transformers_gguf_tokenizer(gguf_path, tokenizer):
         tokenizer.decode([49152])
 
 
+def test_other_pre_tokenizers_equal_transformers(gguf_path, tmp_path):
+    """SmolLM2's vocabulary re-labelled with the Llama-3 and Qwen2 splits: the same ids as transformers' conversion."""
+    import gguf
+    import transformers
+
+    from posenc.models.gguf_checkpoint import gguf_metadata
+
+    meta = gguf_metadata(gguf_path)
+    text = pydoc_text(2000) + " 12345 x1234y can't they'reason I'M  \n\n  9.99 <|im_end|>"
+    for pre in ("llama-bpe", "qwen2"):
+        writer = gguf.GGUFWriter(str(tmp_path / f"{pre}.gguf"), "llama")
+        writer.add_tokenizer_model("gpt2")
+        writer.add_tokenizer_pre(pre)
+        writer.add_token_list(meta["tokenizer.ggml.tokens"])
+        writer.add_token_types(meta["tokenizer.ggml.token_type"])
+        writer.add_token_merges(meta["tokenizer.ggml.merges"])
+        writer.add_tensor("token_embd.weight", torch.zeros(4, 2).numpy())
+        for step in (writer.write_header_to_file, writer.write_kv_data_to_file, writer.write_tensors_to_file,
+                     writer.close):
+            step()
+        ref = transformers.AutoTokenizer.from_pretrained(str(tmp_path), gguf_file=f"{pre}.gguf")
+        ids = load_tokenizer(tmp_path / f"{pre}.gguf").encode(text)
+        assert ids == ref.encode(text, add_special_tokens=False), pre
+
+
 # ------------------------------------------------------------------ transformers directories
 TINY = {"vocab_size": 64, "hidden_size": 32, "intermediate_size": 48, "num_hidden_layers": 2,
         "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 64, "rms_norm_eps": 1e-6}
