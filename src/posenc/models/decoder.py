@@ -35,6 +35,7 @@ from torch import nn
 from ..attention import IMPLS, attention, encoding_kind, sdpa_attention, visibility
 from ..cache import KVCache
 from ..errors import Raw, batch_positions, fail
+from ..rope.rerotate import row_tables
 from ..rope.spec import Rope
 from .layers import DecoderLayer, RMSNorm
 
@@ -234,8 +235,9 @@ class Decoder(nn.Module):
         """
         ids, mask = self._check_inputs(input_ids, attention_mask, cache)
         b, t = ids.shape
-        if cache is None:
-            cache = self.new_cache(b, t)
+        full = cache is None  # a full forward attends to its own keys: no cache buffers are allocated
+        if full:
+            cache = KVCache(1, b, 1, 2, capacity=t)  # bookkeeping only: positions are checked as for a cache
         elif not isinstance(cache, KVCache) or cache.batch_size != b or cache.num_layers != len(self.layers) \
                 or cache.k[0].shape[1:2] + cache.k[0].shape[3:] != (self.num_kv_heads, self.head_dim) \
                 or cache.rope != self.rope:
@@ -255,22 +257,34 @@ class Decoder(nn.Module):
                 cache.retable(seq_lens)  # the cleared rows adopt the new table
         else:
             cache.retable(seq_lens)
+        if full:
+            return self._run(ids, positions, mask, None, seq_lens)
         return self._run(ids, positions, mask, cache)[:, -t:]
 
-    def _run(self, ids: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor, cache: KVCache) -> torch.Tensor:
-        slots = cache.reserve(positions, mask, ids)  # [b, t]
+    def _run(self, ids: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor, cache: KVCache | None,
+             seq_lens: torch.Tensor | None = None) -> torch.Tensor:
+        """Embed, run the layers, project. `cache=None`: a full forward whose keys are its own tokens
+        (padding hidden), with RoPE tables at `seq_lens [b]`; otherwise append to `cache` and read it."""
         h = self.embed_tokens(ids)  # [b, t, hidden]
         if self.kind == "absolute":
             h = h + self.encoding.embedding(positions).to(h.dtype)  # [b, t, hidden]
-        w = cache.width
-        key_positions = cache.positions[:, :w]  # [b, w]
-        step = dict(slots=slots, index=cache.write_index(slots), width=w, cos=None, sin=None, key_tables=None,
-                    windows=self.layer_windows,
-                    attend=self._attend(positions, key_positions, key_positions >= 0))
-        if self.rope is not None:
-            step["cos"], step["sin"] = cache.tables(positions)  # [b, t, r/2], each row at its table_len
-            if cache.store == "unrotated":
-                step["key_tables"] = cache.tables(key_positions)  # [b, w, r/2], shared by every layer
+        step: dict[str, Any] = dict(cos=None, sin=None, key_tables=None, windows=self.layer_windows,
+                                    pairing=self.rope.pairing if self.rope is not None else None)
+        if cache is None:
+            key_positions, key_mask = positions, mask  # [b, t]
+            if self.rope is not None:
+                step["cos"], step["sin"] = row_tables(self.rope, positions, seq_lens)  # [b, t, r/2]
+        else:
+            slots = cache.reserve(positions, mask, ids)  # [b, t]
+            w = cache.width
+            key_positions = cache.positions[:, :w]  # [b, w]
+            key_mask = key_positions >= 0
+            step.update(slots=slots, index=cache.write_index(slots), width=w)
+            if self.rope is not None:
+                step["cos"], step["sin"] = cache.tables(positions)  # [b, t, r/2], each row at its table_len
+                if cache.store == "unrotated":
+                    step["key_tables"] = cache.tables(key_positions)  # [b, w, r/2], shared by every layer
+        step["attend"] = self._attend(positions, key_positions, key_mask)
         for i, layer in enumerate(self.layers):
             h = layer(h, i, step, cache)  # [b, t, hidden]
         return self.lm_head(self.norm(h))  # [b, t, vocab]

@@ -73,15 +73,20 @@ class Attention(nn.Module):
         self.v_proj = nn.Linear(hidden_size, num_kv_heads * head_dim, bias=bias or qkv_bias)
         self.o_proj = nn.Linear(num_heads * head_dim, hidden_size, bias=bias)
 
-    def forward(self, x: torch.Tensor, layer: int, step: dict[str, Any], cache: KVCache) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, layer: int, step: dict[str, Any], cache: KVCache | None) -> torch.Tensor:
         b, t, _ = x.shape
         q = self.q_proj(x).view(b, t, self.num_heads, self.head_dim).transpose(1, 2)  # [b, hq, t, d]
         k = self.k_proj(x).view(b, t, self.num_kv_heads, self.head_dim).transpose(1, 2)  # [b, hk, t, d]
         v = self.v_proj(x).view(b, t, self.num_kv_heads, self.head_dim).transpose(1, 2)  # [b, hk, t, d]
-        if cache.rope is not None:
-            q = apply_rope(q, step["cos"], step["sin"], pairing=cache.rope.pairing)
-        cache.write(layer, k, v, step["slots"], step["cos"], step["sin"], index=step["index"])
-        keys, values = cache.read(layer, step["key_tables"], step["width"])  # [b, hk, w, d]
+        if step["pairing"] is not None:
+            q = apply_rope(q, step["cos"], step["sin"], pairing=step["pairing"])
+        if cache is None:  # a full forward: the keys are this forward's own tokens
+            keys, values = k, v
+            if step["pairing"] is not None:
+                keys = apply_rope(k, step["cos"], step["sin"], pairing=step["pairing"])  # [b, hk, t, d]
+        else:
+            cache.write(layer, k, v, step["slots"], step["cos"], step["sin"], index=step["index"])
+            keys, values = cache.read(layer, step["key_tables"], step["width"])  # [b, hk, w, d]
         out = step["attend"](q, keys, values, step["windows"][layer])  # [b, hq, t, d]
         return self.o_proj(out.transpose(1, 2).reshape(b, t, -1))  # [b, t, hidden]
 
@@ -97,6 +102,6 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(hidden_size, eps)
         self.mlp = SwiGLU(hidden_size, intermediate_size, mlp_bias)
 
-    def forward(self, h: torch.Tensor, layer: int, step: dict[str, Any], cache: KVCache) -> torch.Tensor:
+    def forward(self, h: torch.Tensor, layer: int, step: dict[str, Any], cache: KVCache | None) -> torch.Tensor:
         h = h + self.self_attn(self.input_layernorm(h), layer, step, cache)  # [b, t, hidden]
         return h + self.mlp(self.post_attention_layernorm(h))
