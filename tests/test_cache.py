@@ -67,7 +67,9 @@ def test_append_refuses_repeated_or_decreasing_positions_and_overflow():
         cache.reserve(torch.tensor([[2], [3]]))  # first decode position repeats the last prefill position
     with pytest.raises(posenc.PosencError, match=r"^positions: expected row 0 strictly increasing \(the token before it is at 4\)"):
         cache.reserve(torch.tensor([[4, 4], [3, 4]]))
-    with pytest.raises(posenc.PosencError, match=r"^positions: expected at most 2 new tokens in row 1 \(capacity 5\), got 3 tokens$"):
+    with pytest.raises(posenc.PosencError, match=r"^positions: expected at most 2 new tokens in row 1 \(capacity 5, 3 used\); size the cache for "
+                       r"prompt \+ generated tokens, e\.g\. new_cache\(batch_size, capacity=6\) or more, or "
+                       r"capacity=None to grow on demand, got 3$"):
         cache.reserve(torch.tensor([[3, 4, 5], [3, 4, 5]]), torch.tensor([[True, True, False], [True] * 3]))
     with pytest.raises(posenc.PosencError, match=r"^positions: expected positions >= 0 for unmasked tokens, got min -1$"):
         cache.reserve(torch.tensor([[-1], [3]]))

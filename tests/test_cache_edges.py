@@ -139,7 +139,8 @@ def test_decoder_messages_use_its_own_names():
     m = decoder("rope")
     cache = m.new_cache(1, 4)
     m(ids((1, 3)), cache=cache)
-    with pytest.raises(PosencError, match=r"^input_ids: expected at most 1 new tokens in row 0 \(capacity 4\), got 2 tokens$"):
+    with pytest.raises(PosencError, match=r"^input_ids: expected at most 1 new tokens in row 0 \(capacity 4, 3 used\); .*"
+                       r"new_cache\(batch_size, capacity=5\) or more, or capacity=None to grow on demand, got 2$"):
         m(ids((1, 2)), cache=cache)
     with pytest.raises(PosencError, match=r"^position_ids: expected row 0 past its last cached position 2;"):
         m(ids((1, 1)), position_ids=torch.tensor([2]), cache=cache)

@@ -43,17 +43,18 @@ __all__ = ["KVCache", "STORES", "POLICIES"]
 
 STORES = ("rotated", "unrotated")
 POLICIES = ("recompute", "rerotate", "freeze", "refuse")
+INITIAL_CAPACITY = 64  # slots per row of a growable cache (capacity=None) before its first growth
 
 
 class KVCache:
-    """Fixed-capacity key/value buffers with the logical position of every slot, per batch row.
+    """Key/value buffers (fixed capacity, or growing on demand) with the logical position of every slot, per row.
 
     Args:
         num_layers: layers (one k and one v buffer each).
         batch_size: rows b.
         num_kv_heads: key/value heads hk.
         head_dim: channels per key head d.
-        capacity: slots per row.
+        capacity: slots per row, or None to grow on demand (doubling when an append needs more).
         rope: the RoPE the keys carry (None for caches of schemes that do not rotate keys).
         store: "rotated" (keys stored rotated) or "unrotated" (rotated on read).
         policy: what `retable` does when a row's table changes (see the module docstring).
@@ -69,10 +70,12 @@ class KVCache:
         PosencError: non-positive sizes, an unknown store or policy, a rope whose head_dim is not d.
     """
 
-    def __init__(self, num_layers: int, batch_size: int, num_kv_heads: int, head_dim: int, capacity: int, *,
+    def __init__(self, num_layers: int, batch_size: int, num_kv_heads: int, head_dim: int, capacity: int | None, *,
                  rope: Rope | None = None, store: str = "rotated", policy: str = "recompute",
                  value_dim: int | None = None, dtype: torch.dtype = torch.float32, device: Any = None,
                  absolute: bool = False) -> None:
+        self.growable = capacity is None  # grow on demand, doubling (amortised O(1) per token)
+        capacity = INITIAL_CAPACITY if capacity is None else capacity
         sizes = dict(num_layers=num_layers, batch_size=batch_size, num_kv_heads=num_kv_heads, head_dim=head_dim,
                      capacity=capacity, value_dim=head_dim if value_dim is None else value_dim)
         sizes = {arg: integer(arg, value, min=1) for arg, value in sizes.items()}
@@ -165,11 +168,26 @@ class KVCache:
             fail("positions", f"{what}; each position holds one token", int(positions[row, col]))
         free = self.capacity - self.lengths
         count = mask.sum(dim=1)  # [b]
-        if bool((count > free).any()):
+        if not self.growable and bool((count > free).any()):
             row = int((count > free).nonzero()[0])
-            fail("positions", f"at most {int(free[row])} new tokens in row {row} (capacity {self.capacity})",
-                 Raw(f"{int(count[row])} tokens"))
+            need = int((self.lengths + count).max())
+            fail("positions", f"at most {int(free[row])} new tokens in row {row} (capacity {self.capacity}, "
+                 f"{int(self.lengths[row])} used); size the cache for prompt + generated tokens, e.g. "
+                 f"new_cache(batch_size, capacity={need}) or more, or capacity=None to grow on demand",
+                 int(count[row]))
         return mask
+
+    def grow(self, capacity: int) -> None:
+        """Enlarge every row to `capacity` slots (at least the current one); filled slots are unchanged."""
+        capacity = integer("capacity", capacity, min=self.capacity)
+        extra = capacity - self.capacity
+        if extra == 0:
+            return
+        pad = torch.nn.functional.pad
+        self.k = [pad(k, (0, 0, 0, extra)) for k in self.k]  # [b, hk, capacity, d]
+        self.v = [pad(v, (0, 0, 0, extra)) for v in self.v]
+        self.positions = pad(self.positions, (0, extra), value=-1)  # [b, capacity]
+        self.tokens = pad(self.tokens, (0, extra), value=-1)
 
     def reserve(self, positions: torch.Tensor, mask: torch.Tensor | None = None,
                 tokens: torch.Tensor | None = None) -> torch.Tensor:
@@ -189,6 +207,9 @@ class KVCache:
         if tokens is not None and (not isinstance(tokens, torch.Tensor) or tokens.shape != positions.shape
                                    or tokens.dtype.is_floating_point or tokens.dtype == torch.bool):
             fail("tokens", f"None or an integer tensor of shape {tuple(positions.shape)}", tokens)
+        need = int((self.lengths + mask.sum(dim=1)).max())
+        if need > self.capacity:  # growable (check_append refused the rest): amortised doubling
+            self.grow(max(need, 2 * self.capacity))
         slots = self.lengths[:, None] + mask.long().cumsum(dim=1) - 1  # [b, t]
         slots = slots.masked_fill(~mask, -1)
         rows, cols = mask.nonzero(as_tuple=True)
@@ -199,7 +220,8 @@ class KVCache:
         return slots
 
     def write(self, layer: int, k: torch.Tensor, v: torch.Tensor, slots: torch.Tensor,
-              cos: torch.Tensor | None = None, sin: torch.Tensor | None = None) -> None:
+              cos: torch.Tensor | None = None, sin: torch.Tensor | None = None,
+              index: tuple[torch.Tensor, ...] | None = None) -> None:
         """Store one layer's new keys and values in their reserved slots.
 
         Args:
@@ -208,16 +230,33 @@ class KVCache:
             v: `[b, hk, t, dv]` values.
             slots: `[b, t]` from `reserve`.
             cos, sin: `[b, t, r/2]` tables of the new positions (default: `row_tables` at `table_len`).
+            index: `write_index(slots)`, computed once per forward and shared by the layers (default: computed here).
         """
         layer = self._layer(layer)
         if self.store == "rotated" and self.rope is not None:
             if cos is None or sin is None:
                 cos, sin = self.tables(self.positions.gather(1, slots.clamp(min=0)))
             k = apply_rope(k, cos, sin, pairing=self.rope.pairing)  # [b, hk, t, d]
-        rows, cols = (slots >= 0).nonzero(as_tuple=True)
-        dest = slots[rows, cols]
+        rows, cols, dest = self.write_index(slots) if index is None else index
+        if rows is None:  # every row writes all t tokens to the same slots: one copy along the slot axis
+            self.k[layer].index_copy_(2, dest, k.to(self.k[layer].dtype))  # [b, hk, t, d] -> slots dest
+            self.v[layer].index_copy_(2, dest, v.to(self.v[layer].dtype))
+            return
         self.k[layer][rows, :, dest] = k[rows, :, cols].to(self.k[layer].dtype)  # [n, hk, d]
         self.v[layer][rows, :, dest] = v[rows, :, cols].to(self.v[layer].dtype)
+
+    @staticmethod
+    def write_index(slots: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor]:
+        """Where `write` puts the entries of `slots [b, t]` (computed once per forward; two host syncs).
+
+        Returns:
+            `(rows, cols, dest)` of every non-padding entry, or `(None, None, slots[0])` when every row
+            writes all its tokens to the same slots (no padding, equal lengths: a plain copy).
+        """
+        if bool((slots >= 0).all()) and bool((slots == slots[:1]).all()):
+            return None, None, slots[0]
+        rows, cols = (slots >= 0).nonzero(as_tuple=True)
+        return rows, cols, slots[rows, cols]
 
     # ---------------------------------------------------------------- reading
     def tables(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -227,17 +266,19 @@ class KVCache:
         positions = check_positions("positions", positions, shapes=[(self.batch_size, "t")], allow_negative=True)
         return row_tables(self.rope, positions, self.table_len)
 
-    def read(self, layer: int, key_tables: tuple[torch.Tensor, torch.Tensor] | None = None
-             ) -> tuple[torch.Tensor, torch.Tensor]:
+    def read(self, layer: int, key_tables: tuple[torch.Tensor, torch.Tensor] | None = None,
+             width: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """Keys (rotated at their slot positions) and values of the first `width` slots.
 
         Args:
             layer: layer index.
             key_tables: for unrotated storage, precomputed `tables(positions[:, :width])` (one per step).
+            width: `self.width`, when the caller already has it (one host sync per forward, not per layer).
         Returns:
             `(k [b, hk, width, d], v [b, hk, width, dv])`; pair with `positions[:, :width]` and `valid()`.
         """
-        layer, w = self._layer(layer), self.width
+        layer = self._layer(layer)
+        w = self.width if width is None else width
         k, v = self.k[layer][:, :, :w], self.v[layer][:, :, :w]  # [b, hk, w, d]
         if self.store == "unrotated" and self.rope is not None:
             cos, sin = key_tables if key_tables is not None else self.tables(self.positions[:, :w])

@@ -17,7 +17,6 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..attention import attention
 from ..cache import KVCache
 from ..rope.apply import apply_rope
 
@@ -29,27 +28,27 @@ class Step:
     """What every layer of one forward shares (built once per forward by the decoder).
 
     Attributes:
-        slots: `[b, t]` cache slot of each new token (-1 for padding), from `KVCache.reserve`.
-        positions: `[b, t]` logical positions of the new tokens.
-        key_positions: `[b, w]` positions of the cache slots a read covers (-1 = empty).
-        key_mask: `[b, w]` bool, filled slots.
-        scale: softmax scale.
+        attend: `attend(q, k, v, window) -> [b, hq, t, dv]`, this forward's attention with its masks
+            (built once from logical positions; see `Decoder._attend`).
         windows: per layer, a sliding window or None.
-        bias: the bias scheme (ALiBi, T5) handed to attention, or None.
+        pairing: the RoPE pairing, or None without RoPE.
         cos, sin: `[b, t, r/2]` RoPE tables of the new tokens (None without RoPE).
         key_tables: `(cos, sin)` `[b, w, r/2]` of the cached keys for unrotated storage, else None.
+        slots: `[b, t]` cache slot of each new token (-1 for padding), from `KVCache.reserve`; None
+            in a full forward without a cache (as are index and width).
+        index: `KVCache.write_index(slots)`, shared by every layer's write.
+        width: cache slots a read covers.
     """
 
-    slots: torch.Tensor
-    positions: torch.Tensor
-    key_positions: torch.Tensor
-    key_mask: torch.Tensor
-    scale: float
+    attend: Any
     windows: tuple[int | None, ...]
-    bias: Any = None
+    pairing: str | None = None
     cos: torch.Tensor | None = None
     sin: torch.Tensor | None = None
     key_tables: tuple[torch.Tensor, torch.Tensor] | None = None
+    slots: torch.Tensor | None = None
+    index: Any = None
+    width: int | None = None
 
 
 class RMSNorm(nn.Module):
@@ -65,7 +64,9 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        compute = x if x.dtype in (torch.float32, torch.float64) else x.float()
+        if x.dtype in (torch.float32, torch.float64):  # no casts: this runs twice per layer and token
+            return self.weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps))  # [..., hidden]
+        compute = x.float()
         normed = compute * torch.rsqrt(compute.pow(2).mean(-1, keepdim=True) + self.eps)  # [..., hidden]
         return self.weight * normed.to(x.dtype)
 
@@ -86,8 +87,10 @@ class SwiGLU(nn.Module):
 class Attention(nn.Module):
     """GQA self-attention whose keys and values live in a `KVCache` at logical positions.
 
-    RoPE rotates q here and k inside the cache (at write or at read, by the cache's `store`); a bias
-    scheme (ALiBi, T5) is handed to `posenc.attention` with the query and slot positions.
+    RoPE rotates q here and k inside the cache (at write or at read, by the cache's `store`); the
+    attention itself is `step["attend"](q, k, v, window)`, which the decoder builds once per forward
+    (masks from logical positions shared by every layer; eager, sdpa or flex).
+    `bias` puts biases on all four projections (Llama's attention_bias); `qkv_bias` on q, k, v only (Qwen2).
     """
 
     def __init__(self, hidden_size: int, num_heads: int, num_kv_heads: int, head_dim: int, bias: bool = False,
@@ -100,18 +103,21 @@ class Attention(nn.Module):
         self.v_proj = nn.Linear(hidden_size, num_kv_heads * head_dim, bias=qkv_bias)
         self.o_proj = nn.Linear(num_heads * head_dim, hidden_size, bias=bias)
 
-    def forward(self, x: torch.Tensor, layer: int, step: Step, cache: KVCache) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, layer: int, step: Step, cache: KVCache | None) -> torch.Tensor:
         b, t, _ = x.shape
         q = self.q_proj(x).view(b, t, self.num_heads, self.head_dim).transpose(1, 2)  # [b, hq, t, d]
         k = self.k_proj(x).view(b, t, self.num_kv_heads, self.head_dim).transpose(1, 2)  # [b, hk, t, d]
         v = self.v_proj(x).view(b, t, self.num_kv_heads, self.head_dim).transpose(1, 2)  # [b, hk, t, d]
-        if cache.rope is not None:
-            q = apply_rope(q, step.cos, step.sin, pairing=cache.rope.pairing)
-        cache.write(layer, k, v, step.slots, step.cos, step.sin)
-        keys, values = cache.read(layer, step.key_tables)  # [b, hk, w, d]
-        out = attention(q, keys, values, q_positions=step.positions, k_positions=step.key_positions,
-                        encoding=step.bias, causal=True, key_mask=step.key_mask, scale=step.scale,
-                        window=step.windows[layer])
+        if step.pairing is not None:
+            q = apply_rope(q, step.cos, step.sin, pairing=step.pairing)
+        if cache is None:  # a full forward: the keys are this forward's own tokens
+            keys, values = k, v
+            if step.pairing is not None:
+                keys = apply_rope(k, step.cos, step.sin, pairing=step.pairing)  # [b, hk, t, d]
+        else:
+            cache.write(layer, k, v, step.slots, step.cos, step.sin, index=step.index)
+            keys, values = cache.read(layer, step.key_tables, step.width)  # [b, hk, w, d]
+        out = step.attend(q, keys, values, step.windows[layer])  # [b, hq, t, d]
         return self.o_proj(out.transpose(1, 2).reshape(b, t, -1))  # [b, t, hidden]
 
 
@@ -126,6 +132,6 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(hidden_size, eps)
         self.mlp = SwiGLU(hidden_size, intermediate_size, mlp_bias)
 
-    def forward(self, h: torch.Tensor, layer: int, step: Step, cache: KVCache) -> torch.Tensor:
+    def forward(self, h: torch.Tensor, layer: int, step: Step, cache: KVCache | None) -> torch.Tensor:
         h = h + self.self_attn(self.input_layernorm(h), layer, step, cache)  # [b, t, hidden]
         return h + self.mlp(self.post_attention_layernorm(h))
