@@ -219,7 +219,7 @@ def _plot(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The argparse parser of `posenc` (subcommands inspect and plot)."""
+    """The argparse parser of `posenc` (subcommands inspect, plot and verify)."""
     parser = argparse.ArgumentParser(prog="posenc", description="Positional encodings of transformer checkpoints.")
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("inspect", help="print a model's positional encoding and KV-cache memory",
@@ -251,6 +251,9 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--dim", type=int, default=128, help="model width for the sinusoidal table (default 128)")
     q.add_argument("--heads", type=int, default=8, help="heads for the alibi and t5 figures (default 8)")
     q.set_defaults(run=_plot)
+    from .verify.cli import add_parser as add_verify_parser
+
+    add_verify_parser(sub)
     return parser
 
 
