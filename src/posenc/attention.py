@@ -14,7 +14,8 @@ zeros, never NaN.
 
 Implementations (`impl`), chosen out loud; an explicit choice never falls back:
 - `"eager"`: plain torch, the oracle (float32 math for half inputs, float64 for float64).
-- `"sdpa"`: `torch.nn.functional.scaled_dot_product_attention` with a float mask (bias + mask).
+- `"sdpa"`: fused `torch.nn.functional.scaled_dot_product_attention` with a boolean mask (a float mask
+  when a bias scheme adds scores); GQA without repeating keys and values.
 - `"flex"`: `torch.nn.attention.flex_attention` with a `score_mod` computed from the positions; no
   `[tq, tk]` bias tensor is built by posenc. Outside `torch.compile` PyTorch runs it unfused (and says so).
 
@@ -36,7 +37,7 @@ import torch
 from .errors import Raw, batch_positions, check_float_tensor, fail
 from .rope.spec import Rope
 
-__all__ = ["attention", "IMPLS", "encoding_kind"]
+__all__ = ["attention", "IMPLS", "encoding_kind", "visibility", "sdpa_attention"]
 
 IMPLS = ("eager", "sdpa", "flex")
 
@@ -66,6 +67,43 @@ def _visible(q_pos: torch.Tensor, k_pos: torch.Tensor, causal: bool, key_mask: t
     if key_mask is not None:
         visible = visible & key_mask[:, None, None, :]
     return visible
+
+
+def visibility(q_positions: torch.Tensor, k_positions: torch.Tensor, key_mask: torch.Tensor | None = None,
+               window: int | None = None, *, causal: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The mask `sdpa_attention` takes, built once and shared by every layer of a forward.
+
+    Args:
+        q_positions: `[b, tq]` and k_positions `[b, tk]` int64 logical positions (checked by the caller).
+        key_mask: `[b, tk]` bool or None; window, causal: as in `attention`.
+    Returns:
+        `(mask, seen)`: mask `[b, 1, tq, tk]` bool, True = attend, where a query row with no visible key
+        sees every key (a finite softmax, zeroed after); seen `[b, 1, tq, 1]` bool (rows with a visible
+        key) or None when every row has one (one host sync here instead of one per layer).
+    """
+    visible = _visible(q_positions, k_positions, causal, key_mask, window)  # [b, 1, tq, tk]
+    seen = visible.any(-1, keepdim=True)  # [b, 1, tq, 1]
+    if bool(seen.all()):
+        return visible, None
+    return visible | ~seen, seen
+
+
+def sdpa_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, seen: torch.Tensor | None,
+                   *, scale: float, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """Fused `scaled_dot_product_attention` over a mask from `visibility` (GQA without repeating k and v).
+
+    Args:
+        q: `[b, hq, tq, d]`; k `[b, hk, tk, d]`; v `[b, hk, tk, dv]` with `hq % hk == 0` (checked by the caller).
+        mask, seen: from `visibility`. scale: multiplier on `q @ k^T`.
+        bias: `[b or 1, hq, tq, tk]` additive scores (ALiBi, T5), or None.
+    Returns:
+        `[b, hq, tq, dv]` in q's dtype; rows with no visible key are zeros.
+    """
+    if bias is not None:  # float mask: the bias where visible, -inf elsewhere
+        mask = bias.to(q.dtype).masked_fill(~mask, float("-inf"))  # [b, hq, tq, tk]
+    out = torch.nn.functional.scaled_dot_product_attention(
+        q, k, v, attn_mask=mask, scale=scale, enable_gqa=q.shape[1] != k.shape[1])  # [b, hq, tq, dv]
+    return out if seen is None else out * seen
 
 
 def attention(
@@ -136,32 +174,26 @@ def attention(
     elif kind == "absolute":
         q = q + _absolute(encoding, q_positions, d).unsqueeze(-3).to(q.dtype)  # [b?, 1, tq, d]
         k = k + _absolute(encoding, k_positions, d).unsqueeze(-3).to(k.dtype)  # [b?, 1, tk, d]
-    visible = _visible(q_pos, k_pos, causal, key_mask, window)  # [b, 1, tq, tk]
-    any_visible = visible.any(-1, keepdim=True)  # [b, 1, tq, 1]
+    # Rows with no visible key see everything (finite softmax) and are zeroed after: never NaN.
+    safe, seen = visibility(q_pos, k_pos, key_mask, window, causal=causal)  # [b, 1, tq, tk], [b, 1, tq, 1]
     bias_scheme = encoding if kind == "bias" else None
+    bias = None if bias_scheme is None else _bias_4d(bias_scheme, q_positions, k_positions, hq)  # [b or 1, h, tq, tk]
 
     if impl == "flex":
         out = _flex(q, k, v, q_pos, k_pos, bias_scheme, causal, key_mask, scale, window)
+    elif impl == "sdpa":
+        return sdpa_attention(q, k, v, safe, seen, scale=scale, bias=bias)
     else:
         compute = torch.float64 if q.dtype == torch.float64 else torch.float32
-        # Rows with no visible key see everything (finite softmax) and are zeroed after: never NaN.
-        safe = visible | ~any_visible  # [b, 1, tq, tk]
-        bias = torch.zeros((), dtype=compute, device=q.device)
-        if bias_scheme is not None:
-            bias = _bias_4d(bias_scheme, q_positions, k_positions, hq).to(compute)  # [b or 1, h, tq, tk]
         groups = hq // hk
         k_rep = k.repeat_interleave(groups, dim=1) if groups > 1 else k  # [b, hq, tk, d]
         v_rep = v.repeat_interleave(groups, dim=1) if groups > 1 else v  # [b, hq, tk, dv]
-        if impl == "eager":
-            scores = (q.to(compute) @ k_rep.to(compute).transpose(-1, -2)) * scale + bias  # [b, hq, tq, tk]
-            scores = scores.masked_fill(~safe, float("-inf"))
-            probs = torch.softmax(scores, dim=-1)  # [b, hq, tq, tk]
-            out = probs @ v_rep.to(compute)  # [b, hq, tq, dv]
-        else:
-            mask = torch.zeros(safe.shape, dtype=q.dtype, device=q.device).masked_fill(~safe, float("-inf"))
-            mask = mask + bias.to(q.dtype)  # [b, h or 1, tq, tk] float mask
-            out = torch.nn.functional.scaled_dot_product_attention(q, k_rep, v_rep, attn_mask=mask, scale=scale)
-    out = out * any_visible  # [b, hq, tq, dv]; rows with nothing to see -> 0
+        scores = (q.to(compute) @ k_rep.to(compute).transpose(-1, -2)) * scale  # [b, hq, tq, tk]
+        if bias is not None:
+            scores = scores + bias.to(compute)
+        probs = torch.softmax(scores.masked_fill(~safe, float("-inf")), dim=-1)  # [b, hq, tq, tk]
+        out = probs @ v_rep.to(compute)  # [b, hq, tq, dv]
+    out = out if seen is None else out * seen  # [b, hq, tq, dv]; rows with nothing to see -> 0
     return out.to(q.dtype)
 
 

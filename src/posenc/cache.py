@@ -39,17 +39,18 @@ __all__ = ["KVCache", "STORES", "POLICIES"]
 
 STORES = ("rotated", "unrotated")
 POLICIES = ("recompute", "rerotate", "freeze", "refuse")
+INITIAL_CAPACITY = 64  # slots per row of a growable cache (capacity=None) before its first growth
 
 
 class KVCache:
-    """Fixed-capacity key/value buffers with the logical position of every slot, per batch row.
+    """Key/value buffers (fixed capacity, or growing on demand) with the logical position of every slot, per row.
 
     Args:
         num_layers: layers (one k and one v buffer each).
         batch_size: rows b.
         num_kv_heads: key/value heads hk.
         head_dim: channels per key head d.
-        capacity: slots per row.
+        capacity: slots per row, or None to grow on demand (doubling when an append needs more).
         rope: the RoPE the keys carry (None for caches of schemes that do not rotate keys).
         store: "rotated" (keys stored rotated) or "unrotated" (rotated on read).
         policy: what `retable` does when a row's table changes (see the module docstring).
@@ -63,9 +64,11 @@ class KVCache:
         PosencError: non-positive sizes, an unknown store or policy, a rope whose head_dim is not d.
     """
 
-    def __init__(self, num_layers: int, batch_size: int, num_kv_heads: int, head_dim: int, capacity: int, *,
+    def __init__(self, num_layers: int, batch_size: int, num_kv_heads: int, head_dim: int, capacity: int | None, *,
                  rope: Rope | None = None, store: str = "rotated", policy: str = "recompute",
                  value_dim: int | None = None, dtype: torch.dtype = torch.float32, device: Any = None) -> None:
+        self.growable = capacity is None  # grow on demand, doubling (amortised O(1) per token)
+        capacity = INITIAL_CAPACITY if capacity is None else capacity
         sizes = dict(num_layers=num_layers, batch_size=batch_size, num_kv_heads=num_kv_heads, head_dim=head_dim,
                      capacity=capacity, value_dim=head_dim if value_dim is None else value_dim)
         for arg, value in sizes.items():
@@ -147,11 +150,27 @@ class KVCache:
                  f"{int(prev[row, col])} (each position holds one token)", int(positions[row, col]))
         free = self.capacity - self.lengths
         count = mask.sum(dim=1)  # [b]
-        if bool((count > free).any()):
+        if not self.growable and bool((count > free).any()):
             row = int((count > free).nonzero()[0])
-            fail("input_ids", f"at most {int(free[row])} new tokens in row {row} (capacity {self.capacity})",
+            need = int((self.lengths + count).max())
+            fail("input_ids", f"at most {int(free[row])} new tokens in row {row} (capacity {self.capacity}, "
+                 f"{int(self.lengths[row])} used); size the cache for prompt + generated tokens, e.g. "
+                 f"new_cache(batch_size, capacity={need}) or more, or capacity=None to grow on demand",
                  int(count[row]))
         return mask
+
+    def grow(self, capacity: int) -> None:
+        """Enlarge every row to `capacity` slots (at least the current one); filled slots are unchanged."""
+        if isinstance(capacity, bool) or not isinstance(capacity, int) or capacity < self.capacity:
+            fail("capacity", f"an integer >= the current capacity {self.capacity}", capacity)
+        extra = capacity - self.capacity
+        if extra == 0:
+            return
+        pad = torch.nn.functional.pad
+        self.k = [pad(k, (0, 0, 0, extra)) for k in self.k]  # [b, hk, capacity, d]
+        self.v = [pad(v, (0, 0, 0, extra)) for v in self.v]
+        self.positions = pad(self.positions, (0, extra), value=-1)  # [b, capacity]
+        self.tokens = pad(self.tokens, (0, extra), value=-1)
 
     def reserve(self, positions: torch.Tensor, mask: torch.Tensor | None = None,
                 tokens: torch.Tensor | None = None) -> torch.Tensor:
@@ -167,6 +186,9 @@ class KVCache:
             PosencError: see `check_append`.
         """
         mask = self.check_append(positions, mask)
+        need = int((self.lengths + mask.sum(dim=1)).max())
+        if need > self.capacity:  # growable (check_append refused the rest): amortised doubling
+            self.grow(max(need, 2 * self.capacity))
         slots = self.lengths[:, None] + mask.long().cumsum(dim=1) - 1  # [b, t]
         slots = slots.masked_fill(~mask, -1)
         rows, cols = mask.nonzero(as_tuple=True)

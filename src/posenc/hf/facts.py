@@ -200,4 +200,5 @@ def decoder_sizes(config: Any) -> dict[str, Any]:
         if not isinstance(value, bool):
             fail(f"config['{key}']", "true or false", value)
         sizes[key] = value
+    sizes["qkv_bias"] = cfg.get("model_type") == "qwen2"  # Qwen2: q/k/v biases, none on o_proj
     return sizes

@@ -1,10 +1,12 @@
-"""Models built from posenc's parts: a small Llama-family decoder with an explicit KV cache.
+"""Models built from posenc's parts: a small Llama-family decoder with an explicit KV cache, and its loaders.
 
-    >>> from posenc.models import Decoder
+    >>> from posenc.models import Decoder, embedded_model_path, load_tokenizer
     >>> Decoder.__name__
     'Decoder'
 """
 
 from .decoder import Decoder
+from .loading import embedded_model_path
+from .tokenizer import load_tokenizer
 
-__all__ = ["Decoder"]
+__all__ = ["Decoder", "embedded_model_path", "load_tokenizer"]

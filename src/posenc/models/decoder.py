@@ -32,9 +32,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..attention import encoding_kind
+from ..attention import IMPLS, attention, encoding_kind, sdpa_attention, visibility
 from ..cache import KVCache
-from ..errors import batch_positions, fail
+from ..errors import Raw, batch_positions, fail
 from ..rope.spec import Rope
 from .layers import DecoderLayer, RMSNorm
 
@@ -51,17 +51,24 @@ class Decoder(nn.Module):
         encoding: a `posenc.Rope`, a bias scheme (`ALiBi`, `T5RelativeBias`), an absolute scheme with
             `embedding(positions) -> [..., hidden_size]` (added to the token embeddings), or None (no positions).
         rms_norm_eps, tie_word_embeddings, attention_bias, mlp_bias: as in transformers' Llama.
+        qkv_bias: biases on q, k and v only (Qwen2).
+        attn_impl: "sdpa" (default: fused `scaled_dot_product_attention`, one mask per forward), "eager"
+            (plain torch, the oracle) or "flex" (`flex_attention` with a score_mod from the positions);
+            settable later (`model.attn_impl = "eager"`), never a silent fallback.
         layer_windows: per layer, a sliding window (a query at p sees keys at p - W + 1 .. p, as Mistral
             and Qwen2's sliding layers) or None (every earlier key); default None for every layer.
     Raises:
-        PosencError: non-positive sizes, heads that do not divide, an encoding of the wrong kind or width.
+        PosencError: non-positive sizes, heads that do not divide, an encoding of the wrong kind or width,
+            an unknown attn_impl.
     """
 
     def __init__(self, *, vocab_size: int, hidden_size: int, num_layers: int, num_heads: int, intermediate_size: int,
                  num_kv_heads: int | None = None, head_dim: int | None = None, encoding: Any = None,
                  rms_norm_eps: float = 1e-6, tie_word_embeddings: bool = False, attention_bias: bool = False,
-                 mlp_bias: bool = False, layer_windows: tuple[int | None, ...] | None = None) -> None:
+                 mlp_bias: bool = False, layer_windows: tuple[int | None, ...] | None = None, qkv_bias: bool = False,
+                 attn_impl: str = "sdpa") -> None:
         super().__init__()
+        self.attn_impl = attn_impl
         sizes = dict(vocab_size=vocab_size, hidden_size=hidden_size, num_layers=num_layers, num_heads=num_heads,
                      intermediate_size=intermediate_size, num_kv_heads=num_kv_heads or num_heads)
         for key, value in sizes.items():  # constructor arguments: the message names the argument itself
@@ -94,15 +101,30 @@ class Decoder(nn.Module):
         self.embed_tokens = nn.Embedding(vocab_size, hidden_size)
         self.layers = nn.ModuleList(
             DecoderLayer(hidden_size, num_heads, num_kv_heads, head_dim, intermediate_size, rms_norm_eps,
-                         attention_bias, mlp_bias) for _ in range(num_layers))
+                         attention_bias, mlp_bias, qkv_bias) for _ in range(num_layers))
         self.norm = RMSNorm(hidden_size, rms_norm_eps)
         self.lm_head = nn.Linear(hidden_size, vocab_size, bias=False)
         if tie_word_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
 
+    @property
+    def attn_impl(self) -> str:
+        """The attention implementation: "sdpa", "eager" or "flex"."""
+        return self._attn_impl
+
+    @attn_impl.setter
+    def attn_impl(self, impl: str) -> None:
+        if impl not in IMPLS:
+            fail("attn_impl", f"one of {IMPLS}", impl)
+        self._attn_impl = impl
+
     @classmethod
-    def from_hf_config(cls, config: Any, *, encoding: Any = None, seed: int | None = None) -> "Decoder":
+    def from_hf_config(cls, config: Any, *, encoding: Any = None, seed: int | None = None,
+                       attn_impl: str = "sdpa") -> "Decoder":
         """A random-weight decoder shaped by a Llama-family `config.json` dict (or `PretrainedConfig`).
+
+        It is built at the config's full size: llama-3.1-8b is 8 billion parameters (32 GiB in float32,
+        60 GiB after `.double()`). For a small test model, shrink the sizes in the config first.
 
         Args:
             config: vocab_size, hidden_size, num_hidden_layers, num_attention_heads, num_key_value_heads,
@@ -110,6 +132,7 @@ class Decoder(nn.Module):
                 mlp_bias, and any RoPE settings `Rope.from_hf_config` accepts (model_type defaults to "llama").
             encoding: override the positional scheme (default: `Rope.from_hf_config(config)`).
             seed: seed for the random weights (default: torch's global generator).
+            attn_impl: "sdpa", "eager" or "flex" (see the class).
         Returns:
             The decoder (float32; call `.double()` for float64).
         Raises:
@@ -125,14 +148,67 @@ class Decoder(nn.Module):
         with torch.random.fork_rng(devices=[]):
             if seed is not None:
                 torch.manual_seed(seed)
-            return cls(**sizes, encoding=encoding)
+            model = cls(**sizes, encoding=encoding, attn_impl=attn_impl)
+        model.config = cfg
+        return model
+
+    @classmethod
+    def from_pretrained(cls, path: Any, *, rope_scaling: dict[str, Any] | None = None,
+                        dtype: torch.dtype = torch.float32, attn_impl: str = "sdpa") -> "Decoder":
+        """A decoder with a checkpoint's weights: a GGUF file or a transformers directory.
+
+        Args:
+            path: a `.gguf` file (Llama-family archs `llama` and `qwen2`; dequantized with the `gguf`
+                package, Q/K rows put back in transformers' order) or a directory with `config.json`
+                and `*.safetensors` (model_type llama, mistral or qwen2). `posenc.models.embedded_model_path()`
+                is the embedded SmolLM2-135M-Instruct.
+            rope_scaling: a transformers-style rule (`{"rope_type": "yarn", "factor": 2.0,
+                "original_max_position_embeddings": 8192}`) replacing the checkpoint's; None keeps it.
+            dtype: parameter dtype (GGUF tensors are dequantized to float32, then cast).
+            attn_impl: "sdpa", "eager" or "flex".
+        Returns:
+            The decoder in eval mode; `model.config` holds the config dict it was built from.
+        Raises:
+            PosencError: a missing or unsupported checkpoint, a bad rope_scaling, dtype or attn_impl,
+                no `gguf` package for a GGUF file.
+        """
+        from .loading import load_pretrained
+
+        return load_pretrained(cls, path, rope_scaling=rope_scaling, dtype=dtype, attn_impl=attn_impl)
+
+    def load_state_dict(self, state_dict: Any, strict: bool = True, assign: bool = False) -> Any:
+        """`nn.Module.load_state_dict` that also takes transformers' `LlamaForCausalLM` key names.
+
+        `model.`-prefixed keys are renamed, a tied model may omit `lm_head.weight`, and (with `strict`)
+        missing, unexpected or mis-shaped tensors raise PosencError naming them.
+        """
+        from .loading import posenc_state_dict
+
+        tied = self.lm_head.weight is self.embed_tokens.weight
+        state = posenc_state_dict(state_dict, tied=tied)
+        own = self.state_dict(keep_vars=True)
+        if strict:
+            missing, unexpected = sorted(set(own) - set(state)), sorted(set(state) - set(own))
+            if missing or unexpected:
+                fail("state_dict", "exactly this decoder's tensors", Raw(f"missing {missing[:4]} ({len(missing)}), "
+                                                                       f"unexpected {unexpected[:4]} ({len(unexpected)})"))
+        for key, value in state.items():
+            if key in own and tuple(value.shape) != tuple(own[key].shape):
+                fail(f"state_dict[{key!r}]", f"shape {tuple(own[key].shape)}", value)
+        result = super().load_state_dict(state, strict=strict, assign=assign)
+        if tied:
+            self.lm_head.weight = self.embed_tokens.weight  # assign=True replaces both; keep them one tensor
+        return result
 
     # ---------------------------------------------------------------- cache
-    def new_cache(self, batch_size: int, capacity: int, store: str = "rotated", policy: str = "recompute") -> KVCache:
+    def new_cache(self, batch_size: int, capacity: int | None = None, store: str = "rotated",
+                  policy: str = "recompute") -> KVCache:
         """An empty `KVCache` for this model (its dtype, device, heads and RoPE).
 
         Args:
-            batch_size: rows. capacity: slots per row.
+            batch_size: rows.
+            capacity: slots per row (prompt + generated tokens; a full cache raises PosencError saying
+                how to size it), or None to grow on demand (doubling; amortised O(1) per token).
             store: "rotated" or "unrotated" keys. policy: "recompute", "rerotate", "freeze" or "refuse".
         """
         weight = self.embed_tokens.weight
@@ -188,9 +264,8 @@ class Decoder(nn.Module):
             h = h + self.encoding.embedding(positions).to(h.dtype)  # [b, t, hidden]
         w = cache.width
         key_positions = cache.positions[:, :w]  # [b, w]
-        step = dict(slots=slots, positions=positions, key_positions=key_positions, key_mask=key_positions >= 0,
-                    cos=None, sin=None, key_tables=None, scale=self.scale,
-                    bias=self.encoding if self.kind == "bias" else None, windows=self.layer_windows)
+        step = dict(slots=slots, cos=None, sin=None, key_tables=None, windows=self.layer_windows,
+                    attend=self._attend(positions, key_positions, key_positions >= 0))
         if self.rope is not None:
             step["cos"], step["sin"] = cache.tables(positions)  # [b, t, r/2], each row at its table_len
             if cache.store == "unrotated":
@@ -198,6 +273,27 @@ class Decoder(nn.Module):
         for i, layer in enumerate(self.layers):
             h = layer(h, i, step, cache)  # [b, t, hidden]
         return self.lm_head(self.norm(h))  # [b, t, vocab]
+
+    def _attend(self, positions: torch.Tensor, key_positions: torch.Tensor, key_mask: torch.Tensor) -> Any:
+        """This forward's attention, `attend(q, k, v, window)`: masks from logical positions, built once.
+
+        "sdpa" without a bias scheme builds one boolean mask per distinct window and shares it across
+        layers; "eager", "flex" and bias schemes go through `posenc.attention.attention` per layer.
+        """
+        impl, scale = self.attn_impl, self.scale
+        scheme = self.encoding if self.kind == "bias" else None
+        if impl != "sdpa" or scheme is not None:
+            def attend(q, k, v, window):
+                return attention(q, k, v, q_positions=positions, k_positions=key_positions, encoding=scheme,
+                                 key_mask=key_mask, scale=scale, impl=impl, window=window)
+            return attend
+        masks: dict[int | None, tuple[torch.Tensor, torch.Tensor | None]] = {}
+
+        def attend(q, k, v, window):
+            if window not in masks:
+                masks[window] = visibility(positions, key_positions, key_mask, window)  # [b, 1, t, w]
+            return sdpa_attention(q, k, v, *masks[window], scale=scale)  # [b, hq, t, d]
+        return attend
 
     def _prepend_cached(self, cache: KVCache, redo: torch.Tensor, ids: torch.Tensor, positions: torch.Tensor,
                         mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -16,7 +16,6 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..attention import attention
 from ..cache import KVCache
 from ..rope.apply import apply_rope
 
@@ -57,16 +56,19 @@ class SwiGLU(nn.Module):
 class Attention(nn.Module):
     """GQA self-attention whose keys and values live in a `KVCache` at logical positions.
 
-    RoPE rotates q here and k inside the cache (at write or at read, by the cache's `store`); a bias
-    scheme (ALiBi, T5) is handed to `posenc.attention` with the query and slot positions.
+    RoPE rotates q here and k inside the cache (at write or at read, by the cache's `store`); the
+    attention itself is `step["attend"](q, k, v, window)`, which the decoder builds once per forward
+    (masks from logical positions shared by every layer; eager, sdpa or flex).
+    `bias` puts biases on all four projections (Llama's attention_bias); `qkv_bias` on q, k, v only (Qwen2).
     """
 
-    def __init__(self, hidden_size: int, num_heads: int, num_kv_heads: int, head_dim: int, bias: bool = False) -> None:
+    def __init__(self, hidden_size: int, num_heads: int, num_kv_heads: int, head_dim: int, bias: bool = False,
+                 qkv_bias: bool = False) -> None:
         super().__init__()
         self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
-        self.q_proj = nn.Linear(hidden_size, num_heads * head_dim, bias=bias)
-        self.k_proj = nn.Linear(hidden_size, num_kv_heads * head_dim, bias=bias)
-        self.v_proj = nn.Linear(hidden_size, num_kv_heads * head_dim, bias=bias)
+        self.q_proj = nn.Linear(hidden_size, num_heads * head_dim, bias=bias or qkv_bias)
+        self.k_proj = nn.Linear(hidden_size, num_kv_heads * head_dim, bias=bias or qkv_bias)
+        self.v_proj = nn.Linear(hidden_size, num_kv_heads * head_dim, bias=bias or qkv_bias)
         self.o_proj = nn.Linear(num_heads * head_dim, hidden_size, bias=bias)
 
     def forward(self, x: torch.Tensor, layer: int, step: dict[str, Any], cache: KVCache) -> torch.Tensor:
@@ -78,9 +80,7 @@ class Attention(nn.Module):
             q = apply_rope(q, step["cos"], step["sin"], pairing=cache.rope.pairing)
         cache.write(layer, k, v, step["slots"], step["cos"], step["sin"])
         keys, values = cache.read(layer, step["key_tables"])  # [b, hk, w, d]
-        out = attention(q, keys, values, q_positions=step["positions"], k_positions=step["key_positions"],
-                        encoding=step["bias"], causal=True, key_mask=step["key_mask"], scale=step["scale"],
-                        window=step["windows"][layer])
+        out = step["attend"](q, keys, values, step["windows"][layer])  # [b, hq, t, d]
         return self.o_proj(out.transpose(1, 2).reshape(b, t, -1))  # [b, t, hidden]
 
 
@@ -88,10 +88,10 @@ class DecoderLayer(nn.Module):
     """Pre-norm block: `h + attn(norm(h))`, then `h + mlp(norm(h))`."""
 
     def __init__(self, hidden_size: int, num_heads: int, num_kv_heads: int, head_dim: int, intermediate_size: int,
-                 eps: float, attention_bias: bool = False, mlp_bias: bool = False) -> None:
+                 eps: float, attention_bias: bool = False, mlp_bias: bool = False, qkv_bias: bool = False) -> None:
         super().__init__()
         self.input_layernorm = RMSNorm(hidden_size, eps)
-        self.self_attn = Attention(hidden_size, num_heads, num_kv_heads, head_dim, attention_bias)
+        self.self_attn = Attention(hidden_size, num_heads, num_kv_heads, head_dim, attention_bias, qkv_bias)
         self.post_attention_layernorm = RMSNorm(hidden_size, eps)
         self.mlp = SwiGLU(hidden_size, intermediate_size, mlp_bias)
 

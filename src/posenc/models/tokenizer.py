@@ -1,0 +1,106 @@
+"""The tokenizer stored in a GGUF file, as a `tokenizers.Tokenizer` (byte-level BPE: GPT-2, SmolLM, Qwen2, Llama-3).
+
+The GGUF metadata holds the vocabulary (`tokenizer.ggml.tokens`, already spelled in GPT-2's byte alphabet),
+the merges, the token types (3 = control: `<|im_start|>` and friends stay whole) and the name of the
+pre-tokenizer (`tokenizer.ggml.pre`), which decides how text is split before the merges apply.
+
+    >>> tok = load_tokenizer(embedded_model_path())          # doctest: +SKIP
+    >>> tok.decode(tok.encode("The pass key is 71432.")) # doctest: +SKIP
+    'The pass key is 71432.'
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from ..errors import Raw, fail
+
+__all__ = ["GGUFTokenizer", "load_tokenizer", "PRE_TOKENIZERS"]
+
+_LETTERS_THEN = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|"
+_REST = r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+# tokenizer.ggml.pre -> (split regex before byte-level encoding or None for GPT-2's, digits one by one)
+PRE_TOKENIZERS: dict[str, tuple[str | None, bool]] = {
+    "default": (None, False), "gpt-2": (None, False),
+    "smollm": (None, True),  # SmolLM: every digit its own pre-token, then GPT-2's split
+    "qwen2": (_LETTERS_THEN + r"\p{N}" + _REST, False),
+    "llama-bpe": (_LETTERS_THEN + r"\p{N}{1,3}" + _REST, False),
+}
+
+
+class GGUFTokenizer:
+    """`encode(text) -> list[int]` and `decode(ids) -> str` over a `tokenizers.Tokenizer` (`.backend`).
+
+    Attributes:
+        backend: the `tokenizers.Tokenizer`. vocab_size: tokens in the vocabulary.
+        bos_token_id, eos_token_id, pad_token_id: from the file (None when absent).
+        chat_template: the Jinja chat template stored in the file, or None.
+    """
+
+    def __init__(self, backend: Any, meta: dict[str, Any]) -> None:
+        self.backend = backend
+        self.vocab_size = len(meta["tokenizer.ggml.tokens"])
+        self.bos_token_id = meta.get("tokenizer.ggml.bos_token_id")
+        self.eos_token_id = meta.get("tokenizer.ggml.eos_token_id")
+        self.pad_token_id = meta.get("tokenizer.ggml.padding_token_id")
+        self.chat_template = meta.get("tokenizer.chat_template")
+
+    def encode(self, text: str) -> list[int]:
+        """Token ids of `text` (no BOS/EOS added; control tokens written in the text stay whole)."""
+        if not isinstance(text, str):
+            fail("text", "a str", type(text))
+        return self.backend.encode(text, add_special_tokens=False).ids
+
+    def decode(self, ids: Any) -> str:
+        """The text of `ids` (a list of ints or a 1-D integer tensor), control tokens included."""
+        ids = ids.tolist() if hasattr(ids, "tolist") else list(ids)
+        if any(isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < self.vocab_size for i in ids):
+            fail("ids", f"integers in [0, {self.vocab_size})", Raw(f"{ids[:8]}{'...' if len(ids) > 8 else ''}"))
+        return self.backend.decode(ids, skip_special_tokens=False)
+
+    def __repr__(self) -> str:
+        return f"GGUFTokenizer(vocab_size={self.vocab_size}, bos={self.bos_token_id}, eos={self.eos_token_id})"
+
+
+def load_tokenizer(path: str | Path) -> GGUFTokenizer:
+    """The byte-level BPE tokenizer stored in a GGUF file.
+
+    Args:
+        path: a `.gguf` file whose `tokenizer.ggml.model` is "gpt2" (byte-level BPE).
+    Returns:
+        A `GGUFTokenizer`.
+    Raises:
+        PosencError: no `gguf` or `tokenizers` package, a file without a byte-level BPE vocabulary, or a
+            pre-tokenizer posenc does not know (the split would silently differ from the model's).
+    """
+    from .gguf_checkpoint import gguf_metadata
+
+    meta = gguf_metadata(path)
+    model = meta.get("tokenizer.ggml.model")
+    if model != "gpt2" or "tokenizer.ggml.merges" not in meta:
+        fail("path", "a GGUF file with a byte-level BPE tokenizer (tokenizer.ggml.model 'gpt2' with merges)", model)
+    pre = meta.get("tokenizer.ggml.pre", "default")
+    if pre not in PRE_TOKENIZERS:
+        fail("tokenizer.ggml.pre", f"one of {sorted(PRE_TOKENIZERS)}", pre)
+    try:
+        from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
+    except ImportError:
+        fail("path", "a GGUF tokenizer with the `tokenizers` package installed (it ships with transformers)",
+             str(path))
+    tokens = meta["tokenizer.ggml.tokens"]
+    merges = [tuple(merge.split(" ", 1)) for merge in meta["tokenizer.ggml.merges"]]
+    backend = Tokenizer(models.BPE(vocab={t: i for i, t in enumerate(tokens)}, merges=merges))
+    split, digits = PRE_TOKENIZERS[pre]
+    steps = [pre_tokenizers.Digits(individual_digits=True)] if digits else []
+    if split is None:
+        steps.append(pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True))
+    else:
+        steps += [pre_tokenizers.Split(Regex(split), behavior="isolated"),
+                  pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)]
+    backend.pre_tokenizer = pre_tokenizers.Sequence(steps)
+    backend.decoder = decoders.ByteLevel()
+    types = meta.get("tokenizer.ggml.token_type") or []
+    backend.add_special_tokens([AddedToken(t, special=True, normalized=False)
+                                for t, kind in zip(tokens, types) if kind == 3])  # 3: control
+    return GGUFTokenizer(backend, meta)
