@@ -78,7 +78,7 @@ def test_html_is_self_contained_with_table_and_plots():
                 details={"per_rule": {"default": {"derived": {"per_step": [1e-6, 2e-6]}}}})]
     page = html_page(rows, {"engine": "posenc", "model": "m", "budget": "quick", "text": {}})
     assert "<table id='rows'>" in page and "prefill-decode" in page
-    assert "<script" not in page and "http://" not in page.replace("http://www.w3.org", "")
+    assert not re.search(r"<script|<link|<img|\b(src|href)=[\"']https?:", page)  # nothing fetched from outside
     pytest.importorskip("matplotlib")
     assert "<svg" in page
 
@@ -105,8 +105,12 @@ def test_documented_example_engine_runs(tiny, tmp_path, monkeypatch):
     assert 15 <= len(code.strip().splitlines()) <= 30
     (tmp_path / "example_engine.py").write_text(code)
     monkeypatch.syspath_prepend(str(tmp_path))
-    assert main(["verify", "--model", tiny, "--engine", "example_engine:make", "--checks",
-                 "prefill-decode,batch-padding,relativity", "--out", str(tmp_path / "e")]) == 0
+    code = main(["verify", "--model", tiny, "--engine", "example_engine:make", "--checks",
+                 "prefill-decode,batch-padding,relativity", "--out", str(tmp_path / "e"), "--quick"])
+    rows = {r["name"]: r for r in json.loads((tmp_path / "e" / "report.json").read_text())["rows"]}
+    # transformers' dynamic NTK keeps keys cached under the shorter table: the one expected failure
+    assert code == 1 and rows["prefill-decode"]["measured"]["failed_rules"] == ["dynamic"]
+    assert rows["batch-padding"]["passed"] and rows["relativity"]["passed"]
 
 
 def test_to_json_marks_any_failure():

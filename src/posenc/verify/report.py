@@ -83,7 +83,7 @@ def markdown(rows: list[Row], meta: dict[str, Any], selftest: list[dict[str, Any
 # ---------------------------------------------------------------- plots (matplotlib, inline SVG)
 def _svg(fig: Any) -> str:
     buf = io.StringIO()
-    fig.savefig(buf, format="svg", bbox_inches="tight")
+    fig.savefig(buf, format="svg", bbox_inches="tight", metadata={"Date": None})
     import matplotlib.pyplot as plt
 
     plt.close(fig)
