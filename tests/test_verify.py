@@ -94,3 +94,15 @@ def test_a_crashing_engine_fails_its_row(tiny):
         raise RuntimeError("boom")
     row = run_checks(subject(tiny, crash), BUDGET, ["relativity"])[0]
     assert row.passed is False and "boom" in row.measured["error"]
+
+
+def test_each_rule_is_checked_for_being_applied(tiny):
+    def ignores_yarn(path, rope_scaling, dtype):  # one rule silently dropped, the others applied
+        drop = rope_scaling is not None and rope_scaling.get("rope_type") == "yarn"
+        return posenc_engine(path, None if drop else rope_scaling, dtype)
+    row = run_checks(subject(tiny, ignores_yarn), BUDGET, ["length-boundaries"])[0]
+    assert row.measured["failed_rules"] == ["yarn"]
+    assert row.details["per_rule"]["yarn"]["effect_max_abs_logit_diff"] <= 1e-4
+    everything = run_checks(subject(tiny, faulty_factory("rule-ignored", posenc_engine)), BUDGET,
+                            ["length-boundaries"])[0]
+    assert everything.measured["failed_rules"] == ["linear", "ntk", "dynamic", "yarn", "llama3"]
