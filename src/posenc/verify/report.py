@@ -50,11 +50,20 @@ def render_table(rows: list[Row]) -> str:
     return _align(lines)
 
 
+_CONTEXT = {"nll", "tokens", "L0", "L1", "nll_default", "invariants_checked", "shifts", "llama_cpp", "reference_nll"}
+
+
+def evidence(measured: dict[str, Any], limit: int = 2) -> str:
+    """The faulty row's telling numbers (context such as token counts left out)."""
+    items = [(k, v) for k, v in measured.items() if k not in _CONTEXT and not isinstance(v, dict)][:limit]
+    return ", ".join(f"{k}={_value(v)}" for k, v in items)
+
+
 def render_selftest(table: list[dict[str, Any]]) -> str:
     lines = [["fault injected", "row", "clean", "faulty", "caught", "evidence"]]
     for e in table:
-        evidence = ", ".join(f"{k}={_value(v)}" for k, v in list(e["measured"].items())[:2] if not isinstance(v, dict))
-        lines.append([e["fault"], e["row"], e["clean"], e["faulty"], "yes" if e["caught"] else "NO", evidence])
+        lines.append([e["fault"], e["row"], e["clean"], e["faulty"], "yes" if e["caught"] else "NO",
+                      evidence(e["measured"])])
     return _align(lines)
 
 
@@ -74,9 +83,9 @@ def markdown(rows: list[Row], meta: dict[str, Any], selftest: list[dict[str, Any
         out.append(f"| {r.name} | **{r.status}** | {headline(r, 6)} | {th} | {r.explanation} |")
     if selftest:
         out += ["", "## Self-test: each fault injected into posenc's engine", "",
-                "| fault | row | clean | faulty | caught |", "| --- | --- | --- | --- | --- |"]
+                "| fault | row | clean | faulty | caught | evidence |", "| --- | --- | --- | --- | --- | --- |"]
         out += [f"| {e['fault']} ({e['what']}) | {e['row']} | {e['clean']} | {e['faulty']} | "
-                f"{'yes' if e['caught'] else '**NO**'} |" for e in selftest]
+                f"{'yes' if e['caught'] else '**NO**'} | {evidence(e['measured'], 3)} |" for e in selftest]
     return "\n".join(out) + "\n"
 
 
@@ -169,11 +178,12 @@ def html_page(rows: list[Row], meta: dict[str, Any], selftest: list[dict[str, An
         parts.append(f"<figure><figcaption><b>{e(title)}</b></figcaption>{svg}</figure>")
     if selftest:
         parts.append("<h2>Self-test: faults injected into posenc's engine</h2><table id='selftest'><tr><th>fault"
-                     "</th><th>row</th><th>clean</th><th>faulty</th><th>caught</th></tr>")
+                     "</th><th>row</th><th>clean</th><th>faulty</th><th>caught</th><th>evidence</th></tr>")
         for t in selftest:
             parts.append(f"<tr><td>{e(t['fault'])}<br><small>{e(t['what'])}</small></td><td>{e(t['row'])}</td>"
                          f"<td><span class='badge {t['clean']}'>{t['clean']}</span></td><td><span class='badge "
-                         f"{t['faulty']}'>{t['faulty']}</span></td><td>{'yes' if t['caught'] else 'NO'}</td></tr>")
+                         f"{t['faulty']}'>{t['faulty']}</span></td><td>{'yes' if t['caught'] else 'NO'}</td>"
+                         f"<td><code>{e(evidence(t['measured'], 3))}</code></td></tr>")
         parts.append("</table>")
     text = meta.get("text", {})
     parts.append(f"<p><small>Text: {e(str(text.get('source')))}, {e(str(text.get('chars', '-')))} chars, sha256 "
