@@ -15,7 +15,7 @@ import pytest
 import torch
 
 import posenc
-from posenc.models import Decoder, embedded_model_path, load_tokenizer
+from posenc.models import Decoder, embedded_model_path, load_tokenizer, to_transformers
 from posenc.models.loading import EMBEDDED_INSTALL
 from conftest import assert_close
 
@@ -58,21 +58,6 @@ def text_ids(tokenizer):
     return torch.tensor([tokenizer.encode(pydoc_text())[:TEXT_TOKENS]])  # [1, 160]
 
 
-def hf_twin(model):
-    """transformers' model class for `model.config`, holding the very same weights (no copy)."""
-    import transformers
-
-    cfg = {k: v for k, v in model.config.items() if k != "model_type"}
-    family = {"llama": "Llama", "mistral": "Mistral", "qwen2": "Qwen2"}[model.config["model_type"]]
-    config = getattr(transformers, f"{family}Config")(**cfg)
-    with torch.device("meta"):
-        hf = getattr(transformers, f"{family}ForCausalLM")(config)
-    state = {(k if k == "lm_head.weight" else "model." + k): v for k, v in model.state_dict().items()}
-    hf.load_state_dict(state, assign=True)
-    hf.model.rotary_emb = type(hf.model.rotary_emb)(config=config)  # its inv_freq buffer is not in the state
-    return hf.to(model.lm_head.weight.dtype).eval()
-
-
 def nll_and_top1(logits, ids, reference):
     nll = torch.nn.functional.cross_entropy(logits[0, :-1], ids[0, 1:]).item()
     agree = (logits.argmax(-1) == reference.argmax(-1)).float().mean().item()
@@ -107,35 +92,39 @@ def test_gguf_config_equals_transformers_reading(gguf_path, smollm):
 
 
 def test_gguf_weights_equal_transformers_dequantization_and_unpermutation(gguf_path, smollm):
-    """Q/K of the first and last layer: transformers' torch dequantizer + its reverse permutation."""
-    import gguf
-    import numpy as np
+    """Q/K of the first and last layer and an MLP matrix, read by transformers' own GGUF reader (no `gguf`
+    package), dequantized by its torch dequantizer and un-permuted by its Llama tensor processor."""
     from transformers.integrations.gguf.dequant import dequantize
+    from transformers.integrations.gguf.reader import GgufHeader, load_gguf_state_dict
     from transformers.modeling_gguf_pytorch_utils import LlamaTensorProcessor
 
     from posenc.models.gguf_checkpoint import permute_rows
 
     cfg = smollm.config
+    header = GgufHeader.from_file(str(gguf_path))
+    shapes = {info.name: info.shape for info in header.tensors}  # torch order [out, in]
+    lazy = load_gguf_state_dict(header)
+
+    def raw(name):  # dequantized, in the file's (llama.cpp's) row order
+        return dequantize(lazy[name][...].flatten(), header.ggml_types[name]).reshape(shapes[name])
+
     processor = LlamaTensorProcessor(config=cfg)
-    tensors = {t.name: t for t in gguf.GGUFReader(str(gguf_path)).tensors}
     for layer in (0, cfg["num_hidden_layers"] - 1):
         for part, proj, heads in (("q", "q_proj", cfg["num_attention_heads"]),
                                   ("k", "k_proj", cfg["num_key_value_heads"])):
-            t = tensors[f"blk.{layer}.attn_{part}.weight"]
-            raw = dequantize(torch.from_numpy(np.array(t.data)).flatten(), int(t.tensor_type))
-            raw = raw.reshape(int(t.shape[1]), int(t.shape[0]))  # [out, in], llama.cpp's row order
-            want = torch.as_tensor(processor.process(raw.numpy(), t.name).weights)
+            name = f"blk.{layer}.attn_{part}.weight"
+            stored = raw(name)
+            want = torch.as_tensor(processor.process(stored.numpy(), name).weights)
             ours = getattr(smollm.layers[layer].self_attn, proj).weight
             assert torch.equal(ours, want), (layer, part)
-            assert torch.equal(permute_rows(ours, heads), raw) and not torch.equal(ours, raw)
-    down = tensors["blk.0.ffn_down.weight"]
-    raw = dequantize(torch.from_numpy(np.array(down.data)).flatten(), int(down.tensor_type))
-    assert torch.equal(smollm.layers[0].mlp.down_proj.weight, raw.reshape(int(down.shape[1]), int(down.shape[0])))
+            assert torch.equal(permute_rows(ours, heads), stored) and not torch.equal(ours, stored)
+    assert torch.equal(smollm.layers[0].mlp.down_proj.weight, raw("blk.0.ffn_down.weight"))
+    assert torch.equal(smollm.embed_tokens.weight, raw("token_embd.weight"))  # Q8_0
 
 
 def test_logits_equal_transformers_on_real_text(smollm, text_ids):
     """float32, the same dequantized weights: max |logit difference| <= 1e-4 on 160 tokens of English."""
-    hf = hf_twin(smollm)
+    hf = to_transformers(smollm)
     with torch.no_grad():
         want = hf(text_ids).logits
         for impl in ("sdpa", "eager"):
@@ -177,6 +166,33 @@ def test_tokenizer_equals_transformers_gguf_tokenizer(gguf_path, tokenizer):
         tokenizer.decode([49152])
 
 
+def test_other_pre_tokenizers_equal_transformers(gguf_path, tmp_path):
+    """SmolLM2's vocabulary re-labelled with Qwen2's split: the same ids as transformers' conversion.
+
+    (Llama-3's "llama-bpe" split was checked the same way by hand; one case keeps the test near 5 s.)"""
+    import gguf
+    import transformers
+
+    from posenc.models.gguf_checkpoint import gguf_metadata
+
+    meta = gguf_metadata(gguf_path)
+    text = pydoc_text(2000) + " 12345 x1234y can't they'reason I'M  \n\n  9.99 <|im_end|>"
+    for pre in ("qwen2",):
+        writer = gguf.GGUFWriter(str(tmp_path / f"{pre}.gguf"), "llama")
+        writer.add_tokenizer_model("gpt2")
+        writer.add_tokenizer_pre(pre)
+        writer.add_token_list(meta["tokenizer.ggml.tokens"])
+        writer.add_token_types(meta["tokenizer.ggml.token_type"])
+        writer.add_token_merges(meta["tokenizer.ggml.merges"])
+        writer.add_tensor("token_embd.weight", torch.zeros(4, 2).numpy())
+        for step in (writer.write_header_to_file, writer.write_kv_data_to_file, writer.write_tensors_to_file,
+                     writer.close):
+            step()
+        ref = transformers.AutoTokenizer.from_pretrained(str(tmp_path), gguf_file=f"{pre}.gguf")
+        ids = load_tokenizer(tmp_path / f"{pre}.gguf").encode(text)
+        assert ids == ref.encode(text, add_special_tokens=False), pre
+
+
 # ------------------------------------------------------------------ transformers directories
 TINY = {"vocab_size": 64, "hidden_size": 32, "intermediate_size": 48, "num_hidden_layers": 2,
         "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 64, "rms_norm_eps": 1e-6}
@@ -204,7 +220,17 @@ def test_transformers_directory_loads_and_matches(tmp_path, family, extra):
     model = Decoder.from_pretrained(tmp_path, dtype=torch.float64)
     assert model.lm_head.weight.dtype == torch.float64
     with torch.no_grad():
-        assert_close(model(ids), hf.double()(ids).logits, dtype=torch.float32)  # hf's norms round via float32
+        want = hf.double()(ids).logits
+        assert_close(model(ids), want, dtype=torch.float32)  # hf's norms round via float32
+        twin = to_transformers(model)  # transformers' class again, on the decoder's very tensors
+        assert type(twin) is type(hf) and twin.model.embed_tokens.weight.data_ptr() == model.embed_tokens.weight.data_ptr()
+        assert_close(twin(ids).logits, want)
+
+
+def test_to_transformers_needs_a_known_family():
+    bare = Decoder(vocab_size=8, hidden_size=8, num_layers=1, num_heads=2, intermediate_size=8)
+    with pytest.raises(posenc.PosencError, match=r"model: expected a Decoder whose config has model_type in"):
+        to_transformers(bare)
 
 
 def test_rope_scaling_overrides_the_checkpoint_rule(tmp_path):
@@ -263,3 +289,86 @@ def test_bad_checkpoints_and_arguments_are_refused(tmp_path):
     pytest.importorskip("gguf")
     with pytest.raises(posenc.PosencError, match="path: expected a readable GGUF file"):
         Decoder.from_pretrained(tmp_path / "bad.gguf")
+
+
+# ------------------------------------------------------------------ GGUF files written here (llama.cpp's layout)
+GGUF_NAMES = {"input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm", "self_attn.q_proj": "attn_q",
+              "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v", "self_attn.o_proj": "attn_output",
+              "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down"}
+
+
+def write_gguf(path, hf, arch, rope_scaling=None):
+    """What llama.cpp's converter writes for `hf`: F32 tensors, Q/K rows permuted for arch llama."""
+    import gguf
+
+    cfg = hf.config
+    writer = gguf.GGUFWriter(str(path), arch)
+    writer.add_block_count(cfg.num_hidden_layers)
+    writer.add_context_length(cfg.max_position_embeddings)
+    writer.add_embedding_length(cfg.hidden_size)
+    writer.add_feed_forward_length(cfg.intermediate_size)
+    writer.add_head_count(cfg.num_attention_heads)
+    writer.add_head_count_kv(cfg.num_key_value_heads)
+    writer.add_rope_freq_base(cfg.rope_parameters["rope_theta"])
+    writer.add_layer_norm_rms_eps(cfg.rms_norm_eps)
+    if rope_scaling is not None:
+        writer.add_rope_scaling_type(gguf.RopeScalingType.YARN)
+        writer.add_rope_scaling_factor(rope_scaling["factor"])
+        writer.add_rope_scaling_orig_ctx_len(rope_scaling["original_max_position_embeddings"])
+    for name, tensor in hf.state_dict().items():
+        w = tensor.float().numpy().copy()
+        if name == "lm_head.weight":
+            if cfg.tie_word_embeddings:
+                continue
+            writer.add_tensor("output.weight", w)
+            continue
+        if name in ("model.embed_tokens.weight", "model.norm.weight"):
+            writer.add_tensor({"model.embed_tokens.weight": "token_embd.weight"}.get(name, "output_norm.weight"), w)
+            continue
+        _, _, layer, *module, kind = name.split(".")
+        part = GGUF_NAMES[".".join(module)]
+        heads = {"attn_q": cfg.num_attention_heads, "attn_k": cfg.num_key_value_heads}.get(part)
+        if arch == "llama" and heads:  # llama.cpp: rows (head, half, i) stored as (head, i, half)
+            w = w.reshape(heads, 2, w.shape[0] // heads // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+        writer.add_tensor(f"blk.{layer}.{part}.{kind}", w)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+
+
+@pytest.mark.parametrize("family, arch, extra", [("Llama", "llama", {}), ("Llama", "llama", {"tie_word_embeddings": True}),
+                                                 ("Qwen2", "qwen2", {})])
+def test_written_gguf_loads_and_matches_transformers(tmp_path, family, arch, extra):
+    pytest.importorskip("gguf", reason="the gguf package writes and reads GGUF files")
+    hf = save_tiny(tmp_path, family, **extra)
+    write_gguf(tmp_path / "m.gguf", hf, arch)
+    model = Decoder.from_pretrained(tmp_path / "m.gguf")
+    assert model.config["model_type"] == arch and model.config["tie_word_embeddings"] == bool(extra)
+    ids = torch.randint(0, 64, (2, 13), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        assert_close(model(ids), hf(ids).logits)
+
+
+def test_written_gguf_rope_scaling_and_refusals(tmp_path):
+    import gguf
+    import transformers
+
+    rule = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 16}
+    hf = save_tiny(tmp_path, "Llama")
+    write_gguf(tmp_path / "yarn.gguf", hf, "llama", rope_scaling=rule)
+    model = Decoder.from_pretrained(tmp_path / "yarn.gguf")
+    assert model.config["rope_scaling"] == rule
+    twin = transformers.LlamaForCausalLM(transformers.LlamaConfig(**TINY, rope_scaling=rule)).eval()
+    twin.load_state_dict(hf.state_dict())
+    ids = torch.randint(0, 64, (1, 40), generator=torch.Generator().manual_seed(4))
+    with torch.no_grad():
+        assert_close(model(ids), twin(ids).logits)
+
+    writer = gguf.GGUFWriter(str(tmp_path / "gpt2.gguf"), "gpt2")
+    writer.add_tensor("token_embd.weight", torch.zeros(4, 2).numpy())
+    for step in (writer.write_header_to_file, writer.write_kv_data_to_file, writer.write_tensors_to_file, writer.close):
+        step()
+    with pytest.raises(posenc.PosencError, match=r"general.architecture: expected one of \['llama', 'qwen2'\] "
+                                                 r"\(Llama-family GGUF\), got 'gpt2'"):
+        Decoder.from_pretrained(tmp_path / "gpt2.gguf")

@@ -88,21 +88,24 @@ def visibility(q_positions: torch.Tensor, k_positions: torch.Tensor, key_mask: t
     return visible | ~seen, seen
 
 
-def sdpa_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, seen: torch.Tensor | None,
-                   *, scale: float, bias: torch.Tensor | None = None) -> torch.Tensor:
+def sdpa_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
+                   seen: torch.Tensor | None, *, scale: float, bias: torch.Tensor | None = None) -> torch.Tensor:
     """Fused `scaled_dot_product_attention` over a mask from `visibility` (GQA without repeating k and v).
 
     Args:
         q: `[b, hq, tq, d]`; k `[b, hk, tk, d]`; v `[b, hk, tk, dv]` with `hq % hk == 0` (checked by the caller).
-        mask, seen: from `visibility`. scale: multiplier on `q @ k^T`.
-        bias: `[b or 1, hq, tq, tk]` additive scores (ALiBi, T5), or None.
+        mask, seen: from `visibility`; mask None means causal by index (`tq == tk` and key j sits at query
+            j's position in every row: a fresh prefill without padding), which lets the kernel skip blocks.
+        scale: multiplier on `q @ k^T`.
+        bias: `[b or 1, hq, tq, tk]` additive scores (ALiBi, T5), or None (requires a mask).
     Returns:
         `[b, hq, tq, dv]` in q's dtype; rows with no visible key are zeros.
     """
     if bias is not None:  # float mask: the bias where visible, -inf elsewhere
         mask = bias.to(q.dtype).masked_fill(~mask, float("-inf"))  # [b, hq, tq, tk]
     out = torch.nn.functional.scaled_dot_product_attention(
-        q, k, v, attn_mask=mask, scale=scale, enable_gqa=q.shape[1] != k.shape[1])  # [b, hq, tq, dv]
+        q, k, v, attn_mask=mask, is_causal=mask is None, scale=scale,
+        enable_gqa=q.shape[1] != k.shape[1])  # [b, hq, tq, dv]
     return out if seen is None else out * seen
 
 

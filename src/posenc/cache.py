@@ -199,7 +199,8 @@ class KVCache:
         return slots
 
     def write(self, layer: int, k: torch.Tensor, v: torch.Tensor, slots: torch.Tensor,
-              cos: torch.Tensor | None = None, sin: torch.Tensor | None = None) -> None:
+              cos: torch.Tensor | None = None, sin: torch.Tensor | None = None,
+              index: tuple[torch.Tensor, ...] | None = None) -> None:
         """Store one layer's new keys and values in their reserved slots.
 
         Args:
@@ -208,15 +209,32 @@ class KVCache:
             v: `[b, hk, t, dv]` values.
             slots: `[b, t]` from `reserve`.
             cos, sin: `[b, t, r/2]` tables of the new positions (default: `row_tables` at `table_len`).
+            index: `write_index(slots)`, computed once per forward and shared by the layers (default: computed here).
         """
         if self.store == "rotated" and self.rope is not None:
             if cos is None or sin is None:
                 cos, sin = self.tables(self.positions.gather(1, slots.clamp(min=0)))
             k = apply_rope(k, cos, sin, pairing=self.rope.pairing)  # [b, hk, t, d]
-        rows, cols = (slots >= 0).nonzero(as_tuple=True)
-        dest = slots[rows, cols]
+        rows, cols, dest = self.write_index(slots) if index is None else index
+        if rows is None:  # every row writes all t tokens to the same slots: one copy along the slot axis
+            self.k[layer].index_copy_(2, dest, k.to(self.k[layer].dtype))  # [b, hk, t, d] -> slots dest
+            self.v[layer].index_copy_(2, dest, v.to(self.v[layer].dtype))
+            return
         self.k[layer][rows, :, dest] = k[rows, :, cols].to(self.k[layer].dtype)  # [n, hk, d]
         self.v[layer][rows, :, dest] = v[rows, :, cols].to(self.v[layer].dtype)
+
+    @staticmethod
+    def write_index(slots: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor]:
+        """Where `write` puts the entries of `slots [b, t]` (computed once per forward; two host syncs).
+
+        Returns:
+            `(rows, cols, dest)` of every non-padding entry, or `(None, None, slots[0])` when every row
+            writes all its tokens to the same slots (no padding, equal lengths: a plain copy).
+        """
+        if bool((slots >= 0).all()) and bool((slots == slots[:1]).all()):
+            return None, None, slots[0]
+        rows, cols = (slots >= 0).nonzero(as_tuple=True)
+        return rows, cols, slots[rows, cols]
 
     # ---------------------------------------------------------------- reading
     def tables(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -225,17 +243,18 @@ class KVCache:
             fail("rope", "a posenc.Rope (this cache was built without one)", None)
         return row_tables(self.rope, positions, self.table_len)
 
-    def read(self, layer: int, key_tables: tuple[torch.Tensor, torch.Tensor] | None = None
-             ) -> tuple[torch.Tensor, torch.Tensor]:
+    def read(self, layer: int, key_tables: tuple[torch.Tensor, torch.Tensor] | None = None,
+             width: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """Keys (rotated at their slot positions) and values of the first `width` slots.
 
         Args:
             layer: layer index.
             key_tables: for unrotated storage, precomputed `tables(positions[:, :width])` (one per step).
+            width: `self.width`, when the caller already has it (one host sync per forward, not per layer).
         Returns:
             `(k [b, hk, width, d], v [b, hk, width, dv])`; pair with `positions[:, :width]` and `valid()`.
         """
-        w = self.width
+        w = self.width if width is None else width
         k, v = self.k[layer][:, :, :w], self.v[layer][:, :, :w]  # [b, hk, w, d]
         if self.store == "unrotated" and self.rope is not None:
             cos, sin = key_tables if key_tables is not None else self.tables(self.positions[:, :w])

@@ -6,7 +6,7 @@
 """
 
 from .decoder import Decoder
-from .loading import embedded_model_path
+from .loading import embedded_model_path, to_transformers
 from .tokenizer import load_tokenizer
 
-__all__ = ["Decoder", "embedded_model_path", "load_tokenizer"]
+__all__ = ["Decoder", "embedded_model_path", "load_tokenizer", "to_transformers"]

@@ -264,7 +264,8 @@ class Decoder(nn.Module):
             h = h + self.encoding.embedding(positions).to(h.dtype)  # [b, t, hidden]
         w = cache.width
         key_positions = cache.positions[:, :w]  # [b, w]
-        step = dict(slots=slots, cos=None, sin=None, key_tables=None, windows=self.layer_windows,
+        step = dict(slots=slots, index=cache.write_index(slots), width=w, cos=None, sin=None, key_tables=None,
+                    windows=self.layer_windows,
                     attend=self._attend(positions, key_positions, key_positions >= 0))
         if self.rope is not None:
             step["cos"], step["sin"] = cache.tables(positions)  # [b, t, r/2], each row at its table_len
@@ -287,7 +288,10 @@ class Decoder(nn.Module):
                 return attention(q, k, v, q_positions=positions, k_positions=key_positions, encoding=scheme,
                                  key_mask=key_mask, scale=scale, impl=impl, window=window)
             return attend
-        masks: dict[int | None, tuple[torch.Tensor, torch.Tensor | None]] = {}
+        masks: dict[int | None, tuple[torch.Tensor | None, torch.Tensor | None]] = {}
+        if positions.shape[1] == key_positions.shape[1] and torch.equal(positions, key_positions) \
+                and bool(key_mask.all()):  # a fresh prefill without padding: causal by index, no mask
+            masks[None] = (None, None)
 
         def attend(q, k, v, window):
             if window not in masks:

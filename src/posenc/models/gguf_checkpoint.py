@@ -174,7 +174,8 @@ def read_gguf(path: str | Path, *, dtype: torch.dtype = torch.float32, undo_perm
         if tensor.name == "rope_freqs.weight":
             continue  # replaced by the explicit rope_scaling rule
         name = _hf_name(tensor.name)
-        values = torch.from_numpy(dequantize(tensor.data, tensor.tensor_type).copy())
+        values = dequantize(tensor.data, tensor.tensor_type)  # numpy float32; F32 tensors: a read-only view
+        values = torch.from_numpy(values if values.flags.writeable else values.copy())
         values = values.reshape(tuple(reversed(shapes[tensor.name])))  # ggml [in, out] -> torch [out, in]
         part = tensor.name.split(".")[-2]
         if permuted and part in heads:

