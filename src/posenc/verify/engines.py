@@ -123,25 +123,14 @@ class TransformersEngine:
 
 
 def transformers_engine(model_path: str, rope_scaling: dict | None, dtype: torch.dtype) -> TransformersEngine:
-    """transformers' `LlamaForCausalLM` from the config, with the weights posenc's loader reads (no accelerate)."""
-    from transformers import LlamaConfig, LlamaForCausalLM
+    """transformers' `LlamaForCausalLM` (its own forward, rotary module and cache) from the config, on the
+    tensors posenc's loader reads (`posenc.models.to_transformers`; no accelerate)."""
     from transformers.utils import logging
 
+    from ..models import to_transformers
+
     logging.set_verbosity_error()
-    raw, state = read_once(model_path, torch.float32)  # transformers' own key names
-    cfg = config_with(raw, rope_scaling)
-    config = LlamaConfig(**{k: v for k, v in cfg.items() if k not in ("architectures", "model_type")})
-    config._attn_implementation = "sdpa"
-    with torch.random.fork_rng(devices=[]):
-        model = LlamaForCausalLM(config)
-    missing, unexpected = model.load_state_dict(state, strict=False)
-    missing = [k for k in missing if not (k == "lm_head.weight" and config.tie_word_embeddings)]
-    if missing or unexpected:
-        fail("model_path", "a checkpoint whose tensors match LlamaForCausalLM",
-             f"missing {missing[:3]}, unexpected {list(unexpected)[:3]}")
-    if config.tie_word_embeddings:
-        model.tie_weights()
-    return TransformersEngine(model.to(dtype).eval())
+    return TransformersEngine(to_transformers(posenc_engine(model_path, rope_scaling, dtype)))
 
 
 class LlamaCppEngine:
