@@ -82,7 +82,7 @@ def _plot(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The argparse parser of `posenc` (subcommands inspect, plot and lab)."""
+    """The argparse parser of `posenc` (subcommands inspect, plot, verify and lab)."""
     parser = argparse.ArgumentParser(prog="posenc", description="Positional encodings of transformer checkpoints.")
     parser.add_argument("--version", action="version", version=f"posenc {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -118,8 +118,10 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--dim", type=int, help="model width for the sinusoidal table (default 128)")
     q.add_argument("--heads", type=int, help="heads for the alibi figure without a model (default 8)")
     q.set_defaults(run=_plot)
+    from .verify.cli import add_parser as add_verify_parser  # `posenc verify`: its code lives in posenc/verify/
     from .lab.cli import add_parser as add_lab_parser  # `posenc lab`: its code lives in posenc/lab/
 
+    add_verify_parser(sub)
     add_lab_parser(sub)
     return parser
 

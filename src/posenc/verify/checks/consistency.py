@@ -1,0 +1,169 @@
+"""Rows that compare an engine with itself: `relativity`, `prefill-decode`, `batch-padding`.
+
+Each compares two computations that must give the same logits when positions are handled right, so
+the threshold is float32 noise: `LOGIT_TOL` (1e-4 in float32). Two correct float32 implementations of
+SmolLM2 differ by 5.5e-5 over 200 tokens and prefill vs decode by 6.1e-5 (issue #9); a position that is
+off by one, or keys carrying the wrong rotation, move logits by 1e-2 to 1 and more.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from .common import Budget, Row, Subject, boundary_rules, fmt, max_diff, top1_agree
+
+__all__ = ["relativity", "prefill_decode", "batch_padding", "LOGIT_TOL", "logit_tol"]
+
+LOGIT_TOL = {torch.float64: 1e-9, torch.float32: 1e-4, torch.bfloat16: 0.25, torch.float16: 0.05}
+# float32 angle rounding: |error| <= p * 2**-24 rad at position p (posenc.rope.tables), which moves the
+# logits of a shifted copy by at most SENSITIVITY * p * 2**-24; SENSITIVITY bounds |d logit / d angle|.
+SENSITIVITY = 64.0
+
+
+def logit_tol(dtype: torch.dtype) -> float:
+    return LOGIT_TOL.get(dtype, 1e-4)
+
+
+def shift_tol(dtype: torch.dtype, max_position: int) -> float:
+    """Noise allowed between a sequence and its shifted copy ending at `max_position`."""
+    return logit_tol(dtype) + SENSITIVITY * max_position * 2.0**-24
+
+
+@torch.no_grad()
+def relativity(subject: Subject, budget: Budget, progress: Any = None) -> Row:
+    """RoPE attends by relative position: the same tokens shifted by s give the same logits.
+
+    Full forwards at positions s..s+n-1 with explicit positions, and a cached variant (prefix prefilled
+    at the shifted positions, the last 8 tokens decoded after it) that catches keys rotated at one
+    position and reused at another.
+    """
+    engine = subject.engine(None)
+    n = budget.relativity_len
+    ids = subject.text(n, offset=1000)
+    base = engine.forward(ids, position_ids=torch.arange(n)[None])  # [1, n, v]
+    shifts = [s for s in budget.shifts if s + n <= subject.l0]
+    worst, ratio, agree, per_shift = 0.0, 0.0, 1.0, {}
+    for s in shifts:
+        tol = shift_tol(subject.dtype, s + n)
+        full = engine.forward(ids, position_ids=(s + torch.arange(n))[None])
+        cache = engine.new_cache(1, n)
+        split = n - 8
+        engine.forward(ids[:, :split], cache=cache, position_ids=(s + torch.arange(split))[None])
+        tail = engine.forward(ids[:, split:], cache=cache, position_ids=(s + torch.arange(split, n))[None])
+        d_full, d_cached = max_diff(full, base), max_diff(tail, base[:, split:])
+        per_shift[str(s)] = {"full": d_full, "cached": d_cached, "tolerance": tol}
+        worst = max(worst, d_full, d_cached)
+        ratio = max(ratio, d_full / tol, d_cached / tol)
+        agree = min(agree, top1_agree(full, base), top1_agree(tail, base[:, split:]))
+        if progress:
+            progress()
+    passed = bool(shifts) and ratio <= 1.0
+    return Row("relativity", passed,
+               measured={"max_abs_logit_diff": worst, "worst_diff_over_tolerance": ratio, "top1_agreement": agree,
+                         "shifts": shifts},
+               thresholds={"worst_diff_over_tolerance": "<= 1 (tolerance = "
+                            f"{fmt(logit_tol(subject.dtype))} + {SENSITIVITY:g} * (s + n) * 2^-24)"},
+               explanation=f"{n} tokens at positions s..s+n-1 vs 0..n-1, full and cached: equal up to float32 "
+                           "noise plus the float32 angle rounding that grows with the position",
+               details={"per_shift": per_shift})
+
+
+def rules_for_decode(subject: Subject, budget: Budget) -> dict[str, dict | None]:
+    l0 = min(budget.boundary_l0, 1024)  # decode crosses L0; the dynamic rule needs a full forward per step
+    return {"default": None, **boundary_rules(l0, subject.theta, subject.head_dim)}
+
+
+@torch.no_grad()
+def _decode_vs_full(engine: Any, ids: torch.Tensor, prefill: int, per_step_full: bool, explicit: bool
+                    ) -> tuple[float, float, list[float]]:
+    """Prefill `prefill` tokens, decode the rest one by one; compare each step with a full forward."""
+    n = ids.shape[1]
+    cache = engine.new_cache(1, n)
+    pos = (lambda a, b: torch.arange(a, b)[None]) if explicit else (lambda a, b: None)
+    first = engine.forward(ids[:, :prefill], cache=cache, position_ids=pos(0, prefill))
+    steps = [engine.forward(ids[:, j:j + 1], cache=cache, position_ids=pos(j, j + 1)) for j in range(prefill, n)]
+    if per_step_full:  # a length-dependent table: step j must equal a full forward over tokens 0..j
+        fulls = [engine.forward(ids[:, :j + 1])[:, -1:] for j in range(prefill, n)]
+        ref_prefill = engine.forward(ids[:, :prefill])
+    else:
+        full = engine.forward(ids)
+        fulls = [full[:, j:j + 1] for j in range(prefill, n)]
+        ref_prefill = full[:, :prefill]
+    diffs = [max_diff(s, f) for s, f in zip(steps, fulls)]
+    agree = top1_agree(torch.cat(steps, 1), torch.cat(fulls, 1))
+    return max([max_diff(first, ref_prefill), *diffs]), agree, diffs
+
+
+def prefill_decode(subject: Subject, budget: Budget, progress: Any = None) -> Row:
+    """Cache vs full forward for the checkpoint's rule and every length rule (decode crosses the reduced L0)."""
+    tol = logit_tol(subject.dtype)
+    per_rule, worst = {}, 0.0
+    for name, rule in rules_for_decode(subject, budget).items():
+        engine = subject.engine(rule)
+        steps = budget.decode_steps
+        if rule is None:
+            ids, prefill = subject.text(budget.decode_prefill + steps), budget.decode_prefill
+        else:
+            l0 = min(budget.boundary_l0, 1024)
+            ids, prefill = subject.text(l0 + steps // 2), l0 - steps // 2
+        dynamic = rule is not None and rule.get("rope_type") == "dynamic"
+        entry = {}
+        for explicit in ((False, True) if rule is None else (False,)):
+            d, agree, diffs = _decode_vs_full(engine, ids, prefill, dynamic, explicit)
+            entry["explicit" if explicit else "derived"] = {"max_abs_logit_diff": d, "top1_agreement": agree,
+                                                            "per_step": diffs, "first_position": prefill}
+            worst = max(worst, d)
+        per_rule[name] = entry
+        if progress:
+            progress()
+    failed = sorted(k for k, v in per_rule.items() if any(e["max_abs_logit_diff"] > tol for e in v.values()))
+    return Row("prefill-decode", not failed,
+               measured={"max_abs_logit_diff": worst, "failed_rules": failed,
+                         **{f"{k}": max(e["max_abs_logit_diff"] for e in v.values()) for k, v in per_rule.items()}},
+               thresholds={"max_abs_logit_diff": f"<= {fmt(tol)} per rule"},
+               explanation="prefill then token-by-token decode (positions derived, and explicit) vs one full "
+                           "forward over the same tokens; rules decode across their (reduced) L0",
+               details={"per_rule": per_rule})
+
+
+@torch.no_grad()
+def batch_padding(subject: Subject, budget: Budget, progress: Any = None) -> Row:
+    """Each row of a left- or right-padded batch equals its unpadded solo run (prefill, and decode after left pads)."""
+    engine = subject.engine(None)
+    tol = logit_tol(subject.dtype)
+    n, decode = budget.decode_prefill, 2
+    lengths = [n, n - 5, n - 11]
+    rows = [subject.text(m + decode, offset=300 * i) for i, m in enumerate(lengths)]  # each [1, m + decode]
+    solo = [engine.forward(r) for r in rows]  # [1, m + decode, v]
+    b = len(rows)
+    results: dict[str, float] = {}
+    for side in ("left", "right"):
+        for explicit in (False, True):
+            ids = torch.zeros(b, n, dtype=torch.long)
+            mask = torch.zeros(b, n, dtype=torch.long)
+            for i, (r, m) in enumerate(zip(rows, lengths)):
+                cols = slice(n - m, n) if side == "left" else slice(0, m)
+                ids[i, cols], mask[i, cols] = r[0, :m], 1
+            pos = ((mask.cumsum(1) - 1).clamp(min=0)) if explicit else None  # [b, n] logical positions
+            cache = engine.new_cache(b, n + decode)
+            out = engine.forward(ids, attention_mask=mask, cache=cache, position_ids=pos)  # [b, n, v]
+            d = max(max_diff(out[i][mask[i].bool()], solo[i][0, :m]) for i, m in enumerate(lengths))
+            if side == "left":  # decode continues every row after its own last token
+                for j in range(decode):
+                    step_ids = torch.stack([r[0, m + j] for r, m in zip(rows, lengths)])[:, None]  # [b, 1]
+                    step_pos = torch.tensor(lengths)[:, None] + j if explicit else None
+                    step = engine.forward(step_ids, attention_mask=torch.ones(b, 1, dtype=torch.long), cache=cache,
+                                          position_ids=step_pos)
+                    d = max(d, max(max_diff(step[i, 0], solo[i][0, m + j]) for i, m in enumerate(lengths)))
+            results[f"{side}_{'explicit' if explicit else 'derived'}"] = d
+            if progress:
+                progress()
+    worst = max(results.values())
+    return Row("batch-padding", worst <= tol,
+               measured={"max_abs_logit_diff": worst, **results},
+               thresholds={"max_abs_logit_diff": f"<= {fmt(tol)}"},
+               explanation=f"3 rows of {lengths} tokens padded to {n} (left: then {decode} decode steps) vs each "
+                           "row alone; positions derived by the engine and given explicitly",
+               details={"lengths": lengths})

