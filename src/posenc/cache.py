@@ -179,7 +179,7 @@ class KVCache:
 
     def grow(self, capacity: int) -> None:
         """Enlarge every row to `capacity` slots (at least the current one); filled slots are unchanged."""
-        capacity = integer("capacity", capacity, min=self.capacity)
+        capacity = integer("capacity", capacity, min=self.capacity, what=f"an integer >= the current capacity {self.capacity}")
         extra = capacity - self.capacity
         if extra == 0:
             return
