@@ -40,12 +40,10 @@ def resolve_impl(impl: str | None, x: torch.Tensor, compute_dtype: torch.dtype |
     """
     default_compute = compute_dtype is None or compute_dtype == (torch.float64 if x.dtype == torch.float64 else torch.float32)
     if impl is None:
-        if not default_compute:
+        if not default_compute or _compiling():  # under torch.compile inductor fuses the reference itself
             return "reference"
         if x.device.type == "cpu":
-            from . import cpu
-
-            return "cpu" if cpu.available(x.dtype) else "reference"
+            return "cpu" if _cpu_available(x.dtype) else "reference"
         if x.device.type == "cuda" and triton_available():
             return "triton"
         return "reference"
@@ -56,11 +54,12 @@ def resolve_impl(impl: str | None, x: torch.Tensor, compute_dtype: torch.dtype |
     if not default_compute:
         fail("impl", f"'reference' or 'compiled' for compute_dtype={compute_dtype}", impl)
     if impl == "cpu":
-        from . import cpu
-
         if x.device.type != "cpu":
             fail("impl", f"'cpu' with CPU tensors (q is on {x.device})", impl)
-        cpu.require(x.dtype)
+        if not _cpu_available(x.dtype):
+            from . import cpu
+
+            cpu.require(x.dtype)  # raises, saying why
     elif impl == "triton":
         if not triton_available():
             fail("impl", "'triton' with the triton package installed (pip install posenc[triton])", impl)
@@ -71,6 +70,14 @@ def resolve_impl(impl: str | None, x: torch.Tensor, compute_dtype: torch.dtype |
     return impl
 
 
+@torch.compiler.assume_constant_result
+def _cpu_available(dtype: torch.dtype) -> bool:
+    from . import cpu
+
+    return cpu.available(dtype)
+
+
+@torch.compiler.assume_constant_result
 def triton_available() -> bool:
     try:
         import triton  # noqa: F401
@@ -198,3 +205,31 @@ def _unview4(x4: torch.Tensor, layout: str) -> torch.Tensor:
     if layout == "thd":
         return x4.transpose(1, 2).squeeze(0)  # [t, h, d]
     return x4
+
+
+def apply_tables(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, *, pairing: str,
+                 layout: str = "bhtd") -> torch.Tensor:
+    """`apply_rope(x, cos, sin, pairing=, layout=)`, through the C kernel where that is exact and available.
+
+    Used by the decoder, which builds one set of per-token tables per step for all layers.
+    """
+    from ..rope.apply import check_table
+
+    fast = (x.device.type == "cpu" and layout in ("bhtd", "bthd", "thd") and not _compiling()
+            and not (torch.is_grad_enabled() and x.requires_grad) and cos.dtype == sin.dtype == torch.float32
+            and _cpu_available(x.dtype))
+    if not fast:
+        return apply_rope(x, cos, sin, pairing=pairing, layout=layout)
+    check_table(cos, sin, x, layout)
+    from . import cpu
+
+    t = x.shape[LAYOUTS[layout][1]]
+    n_tab = cos.shape[-2]  # t or 1 (broadcast)
+    rows = torch.arange(cos.shape[:-1].numel()).view(-1, n_tab)  # [b? or 1, n_tab]
+    rows = rows.expand(-1, t) if n_tab == 1 else rows  # [b? or 1, t]
+    out = torch.empty_like(x)
+    ret = cpu.rotate(_view4(x, layout), None, _view4(out, layout), None, cos.reshape(-1, cos.shape[-1]).contiguous(),
+                     sin.reshape(-1, sin.shape[-1]).contiguous(), rows.contiguous(), pairing)
+    if ret != 0:  # rows index the tables they were made from
+        raise RuntimeError(f"posenc cpu kernel rejected the table rows (code {ret})")
+    return out

@@ -18,7 +18,7 @@ from torch import nn
 
 from ..attention import attention
 from ..cache import KVCache
-from ..rope.apply import apply_rope
+from ..kernels.dispatch import apply_tables
 
 __all__ = ["RMSNorm", "SwiGLU", "Attention", "DecoderLayer"]
 
@@ -75,7 +75,7 @@ class Attention(nn.Module):
         k = self.k_proj(x).view(b, t, self.num_kv_heads, self.head_dim).transpose(1, 2)  # [b, hk, t, d]
         v = self.v_proj(x).view(b, t, self.num_kv_heads, self.head_dim).transpose(1, 2)  # [b, hk, t, d]
         if cache.rope is not None:
-            q = apply_rope(q, step["cos"], step["sin"], pairing=cache.rope.pairing)
+            q = apply_tables(q, step["cos"], step["sin"], pairing=cache.rope.pairing)  # C kernel on CPU: same bits
         cache.write(layer, k, v, step["slots"], step["cos"], step["sin"])
         keys, values = cache.read(layer, step["key_tables"])  # [b, hk, w, d]
         out = attention(q, keys, values, q_positions=step["positions"], k_positions=step["key_positions"],
