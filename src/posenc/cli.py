@@ -251,6 +251,9 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--dim", type=int, default=128, help="model width for the sinusoidal table (default 128)")
     q.add_argument("--heads", type=int, default=8, help="heads for the alibi and t5 figures (default 8)")
     q.set_defaults(run=_plot)
+    from .bench import add_parser as add_bench  # `posenc bench`: its own module
+
+    add_bench(sub)
     return parser
 
 
