@@ -213,6 +213,7 @@ def test_explicit_impl_never_falls_back(monkeypatch, tmp_path):
     monkeypatch.setenv("CC", str(tmp_path / "no-such-cc"))
     monkeypatch.setenv("POSENC_CACHE_DIR", str(tmp_path))
     cpu._library.cache_clear()
+    dispatch._CPU_OK.clear()
     try:
         with pytest.raises(PosencError, match=r"impl: expected 'cpu' to be buildable, got building rope_cpu.c"):
             rope.apply(q, q, pos, impl="cpu")
@@ -220,6 +221,7 @@ def test_explicit_impl_never_falls_back(monkeypatch, tmp_path):
         assert torch.equal(rope.apply(q, q, pos)[0], expected[0])
     finally:
         cpu._library.cache_clear()
+        dispatch._CPU_OK.clear()
 
 
 def test_decoder_tables_path_matches_reference():

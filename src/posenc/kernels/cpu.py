@@ -33,14 +33,6 @@ DTYPES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2, torch.float64: 
 _FLAGS = ["-O3", "-ffp-contract=off", "-fPIC", "-shared", "-std=gnu11"]  # no FMA: bit-exact vs the reference
 
 
-class _Tensor4(ctypes.Structure):
-    _fields_ = [
-        ("x", ctypes.c_void_p), ("out", ctypes.c_void_p),
-        ("B", ctypes.c_int64), ("H", ctypes.c_int64), ("T", ctypes.c_int64), ("D", ctypes.c_int64),
-        ("xs", ctypes.c_int64 * 4), ("os", ctypes.c_int64 * 4),
-    ]
-
-
 def _cache_dir() -> Path:
     root = os.environ.get("POSENC_CACHE_DIR")
     if root:
@@ -88,10 +80,11 @@ def _library() -> ctypes.CDLL | str:
         lib = ctypes.CDLL(str(target))
     except OSError as exc:
         return f"building {source.name} with {cc} failed: {exc}"
-    f = lib.posenc_rope
+    f = lib.posenc_rope_flat
     f.restype = ctypes.c_int64
-    f.argtypes = [ctypes.POINTER(_Tensor4), ctypes.POINTER(_Tensor4), ctypes.c_int, ctypes.c_void_p,
-                  ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int]
+    f.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 21 + [ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p,
+                                                                  ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p,
+                                                                  ctypes.c_int64, ctypes.c_int]
     lib.posenc_has_f16.restype = ctypes.c_int
     return lib
 
@@ -114,11 +107,6 @@ def require(dtype: torch.dtype) -> ctypes.CDLL:
     return lib
 
 
-def _describe(x: torch.Tensor, out: torch.Tensor) -> _Tensor4:
-    # x, out: [B, H, T, D] views (any strides)
-    return _Tensor4(x.data_ptr(), out.data_ptr(), *x.shape, x.stride(), out.stride())
-
-
 def rotate(
     q: torch.Tensor, k: torch.Tensor | None, q_out: torch.Tensor, k_out: torch.Tensor | None,
     cos: torch.Tensor, sin: torch.Tensor, rows: torch.Tensor, pairing: str,
@@ -137,8 +125,12 @@ def rotate(
     lib = require(q.dtype)
     if rows.numel() == 0:  # no tokens or no batch rows: nothing to do (and no row to read)
         return 0
-    kd = _describe(k, k_out) if k is not None else None
-    return lib.posenc_rope(ctypes.byref(_describe(q, q_out)), ctypes.byref(kd) if kd is not None else None,
-                           DTYPES[q.dtype], cos.data_ptr(), sin.data_ptr(), cos.shape[0], cos.shape[1],
-                           rows.data_ptr(), rows.shape[-1] if rows.ndim == 2 and rows.shape[0] > 1 else 0,
-                           PAIRING_CODES[pairing])
+    if k is None:
+        k_args = (None, None, 0, *q.stride(), *q.stride())
+    else:
+        k_args = (k.data_ptr(), k_out.data_ptr(), k.shape[1], *k.stride(), *k_out.stride())
+    b, hq, t, d = q.shape
+    return lib.posenc_rope_flat(q.data_ptr(), q_out.data_ptr(), k_args[0], k_args[1], b, hq, k_args[2], t, d,
+                                *q.stride(), *q_out.stride(), *k_args[3:], DTYPES[q.dtype], cos.data_ptr(),
+                                sin.data_ptr(), cos.shape[0], cos.shape[1], rows.data_ptr(),
+                                rows.shape[-1] if rows.ndim == 2 and rows.shape[0] > 1 else 0, PAIRING_CODES[pairing])

@@ -25,6 +25,7 @@ __all__ = ["resolve_impl", "rope_apply", "table_rows"]
 
 _TABLES: dict = {}  # (rope, precision, seq_len, device) -> (cos, sin), each [n, r/2] float32
 _MAX_TABLES = 16
+_CPU_OK: dict = {}  # dtype -> whether the C kernel runs it (built once per process)
 _MAX_TABLE_ROWS = 1 << 20  # beyond this, per-call tables (a [2**20, 64] pair of tables is 512 MiB)
 
 
@@ -38,6 +39,11 @@ def resolve_impl(impl: str | None, x: torch.Tensor, compute_dtype: torch.dtype |
     Raises:
         PosencError: an unknown name, or a named implementation that cannot run these inputs.
     """
+    if impl is None and compute_dtype is None and x.device.type == "cpu" and not _compiling():
+        ok = _CPU_OK.get(x.dtype)  # the decode hot path: one dict look-up
+        if ok is None:
+            ok = _CPU_OK[x.dtype] = _cpu_available(x.dtype)
+        return "cpu" if ok else "reference"
     default_compute = compute_dtype is None or compute_dtype == (torch.float64 if x.dtype == torch.float64 else torch.float32)
     if impl is None:
         if not default_compute or _compiling():  # under torch.compile inductor fuses the reference itself

@@ -139,3 +139,16 @@ int64_t posenc_rope(const Tensor4 *q, const Tensor4 *k, int dtype, const float *
     }
     return 0;
 }
+
+/* The same with every field as a scalar argument: building two ctypes structures per call costs more
+ * than the decode-sized kernel itself. k_x == 0 rotates q only. */
+int64_t posenc_rope_flat(void *q_x, void *q_out, void *k_x, void *k_out, int64_t B, int64_t HQ, int64_t HK,
+                         int64_t T, int64_t D, int64_t qs0, int64_t qs1, int64_t qs2, int64_t qs3, int64_t qos0,
+                         int64_t qos1, int64_t qos2, int64_t qos3, int64_t ks0, int64_t ks1, int64_t ks2, int64_t ks3,
+                         int64_t kos0, int64_t kos1, int64_t kos2, int64_t kos3, int dtype, const float *cos,
+                         const float *sin, int64_t n_rows, int64_t half, const int64_t *rows, int64_t rows_b,
+                         int pairing) {
+    Tensor4 q = {q_x, q_out, B, HQ, T, D, {qs0, qs1, qs2, qs3}, {qos0, qos1, qos2, qos3}};
+    Tensor4 k = {k_x, k_out, B, HK, T, D, {ks0, ks1, ks2, ks3}, {kos0, kos1, kos2, kos3}};
+    return posenc_rope(&q, k_x ? &k : 0, dtype, cos, sin, n_rows, half, rows, rows_b, pairing);
+}
