@@ -141,7 +141,7 @@ def _cpu_cached(rope, q4, k4, qo4, ko4, position_ids, seq_len, precision, allow_
         position_ids = position_ids.long()
     rows = position_ids.contiguous()  # [t] or [b, t]
     cos, sin = table_rows(rope, 0, precision, seq_len, q4.device)
-    while True:
+    for _ in range(2):  # the second try runs on a table grown to cover every row
         ret = cpu.rotate(q4, k4, qo4, ko4, cos, sin, rows, rope.pairing)
         if ret == 0:
             return True
