@@ -215,28 +215,22 @@ class Rope:
             PosencError: non-float q/k, wrong head_dim, mismatched shapes, non-integer or negative positions,
                 an impl that cannot run here.
         """
-        return self._apply(q, k, position_ids, False, impl, layout, seq_len, precision, allow_negative, compute_dtype)
+        return self._apply(q, k, position_ids, False, layout=layout, seq_len=seq_len, precision=precision,
+                           allow_negative=allow_negative, compute_dtype=compute_dtype, impl=impl)
 
-    def apply_(
-        self,
-        q: torch.Tensor,
-        k: torch.Tensor,
-        position_ids: torch.Tensor,
-        *,
-        layout: str = "bhtd",
-        seq_len: int | None = None,
-        precision: str = "float32",
-        allow_negative: bool = False,
-        compute_dtype: torch.dtype | None = None,
-        impl: str | None = None,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Rotate q and k in place (same arguments as `apply`); returns `(q, k)`.
+    def apply_(self, q: torch.Tensor, k: torch.Tensor, position_ids: torch.Tensor, **options: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        """Rotate q and k in place; returns `(q, k)`.
 
+        Args:
+            q, k, position_ids: as `apply`.
+            **options: `apply`'s keyword arguments (layout, seq_len, precision, allow_negative,
+                compute_dtype, impl).
         The default CPU path rewrites each element once, with no temporary (docs/performance.md).
         """
-        return self._apply(q, k, position_ids, True, impl, layout, seq_len, precision, allow_negative, compute_dtype)
+        return self._apply(q, k, position_ids, True, **options)
 
-    def _apply(self, q, k, position_ids, inplace, impl, layout, seq_len, precision, allow_negative, compute_dtype):
+    def _apply(self, q, k, position_ids, inplace, *, layout="bhtd", seq_len=None, precision="float32",
+               allow_negative=False, compute_dtype=None, impl=None):
         self._check_x("q", q, layout)
         self._check_x("k", k, layout)
         axes = [a for a in range(q.ndim) if a != q.ndim + LAYOUTS[layout][2]]
