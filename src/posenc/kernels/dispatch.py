@@ -59,6 +59,8 @@ def resolve_impl(impl: str | None, x: torch.Tensor, compute_dtype: torch.dtype |
         return impl
     if not default_compute:
         fail("impl", f"'reference' or 'compiled' for compute_dtype={compute_dtype}", impl)
+    if _compiling():
+        return impl  # traced: the custom op's implementation says at run time if its kernel cannot build
     if impl == "cpu":
         if x.device.type != "cpu":
             fail("impl", f"'cpu' with CPU tensors (q is on {x.device})", impl)
@@ -76,14 +78,12 @@ def resolve_impl(impl: str | None, x: torch.Tensor, compute_dtype: torch.dtype |
     return impl
 
 
-@torch.compiler.assume_constant_result
 def _cpu_available(dtype: torch.dtype) -> bool:
     from . import cpu
 
     return cpu.available(dtype)
 
 
-@torch.compiler.assume_constant_result
 def triton_available() -> bool:
     try:
         import triton  # noqa: F401
