@@ -148,9 +148,15 @@ def _quantile(values: list[float], p: float) -> float:
     return ordered[min(len(ordered) - 1, int(round(p * (len(ordered) - 1))))]
 
 
-def run(shapes: list[str], dtypes: list[torch.dtype], rounds: int, quick: bool, progress: Callable = print) -> tuple[list[dict], list[str]]:
-    """Time every provider on every (shape, dtype); returns (CSV rows, notes)."""
+def run(shapes: list[str], dtypes: list[torch.dtype], rounds: int, quick: bool, progress: Callable = print,
+        clock: str = "wall") -> tuple[list[dict], list[str]]:
+    """Time every provider on every (shape, dtype); returns (CSV rows, notes).
+
+    clock: "wall" (`time.perf_counter`) or "thread" (`time.thread_time`: CPU time of this thread, user and
+    system, so time spent descheduled on an oversubscribed machine does not count).
+    """
     torch.set_num_threads(1)
+    now = time.thread_time if clock == "thread" else time.perf_counter
     found, notes = providers(quick)
     rows = []
     for shape in shapes:
@@ -182,10 +188,10 @@ def run(shapes: list[str], dtypes: list[torch.dtype], rounds: int, quick: bool, 
             samples: dict[str, list[float]] = {n: [] for n in calls}
             for _ in range(rounds * (4 if t == 1 else 1)):  # interleaved: noise hits every provider alike; decode is cheap
                 for n, (_, fn, _) in calls.items():
-                    start_t = time.perf_counter()
+                    start_t = now()
                     for _ in range(inner[n]):
                         fn()
-                    samples[n].append((time.perf_counter() - start_t) / inner[n])
+                    samples[n].append((now() - start_t) / inner[n])
             moved = 2 * (q.numel() + k.numel()) * q.element_size()  # read and write q and k
             floor_copy = _quantile(samples.get("copy_ (floor)", [math.nan]), 0.5)
             floor_clone = _quantile(samples.get("clone (floor)", [math.nan]), 0.5)
@@ -278,6 +284,8 @@ def add_parser(sub) -> None:
     p.add_argument("--shapes", default="all", help=f"comma-separated subset of: {'; '.join(SHAPES)} (match by first word)")
     p.add_argument("--dtypes", default="float32,bfloat16", help="comma-separated dtypes (default float32,bfloat16)")
     p.add_argument("--rounds", type=int, help="timed rounds per provider (default 5 quick, 15 full)")
+    p.add_argument("--clock", choices=("wall", "thread"), default="wall",
+                   help="wall time, or this thread's CPU time (robust when other jobs share the cores)")
     p.add_argument("--out", default=".", help="output directory (default: current)")
     p.add_argument("--no-plot", action="store_true", help="skip the PNG")
     p.set_defaults(run=main)
@@ -300,8 +308,8 @@ def main(args: argparse.Namespace) -> int:
         dtypes.append(dtype)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    rows, notes = run(names, dtypes, args.rounds or (5 if args.quick else 15), args.quick)
-    extra = [f"torch {torch.__version__}, {torch.get_num_threads()} thread, quick={args.quick}"]
+    rows, notes = run(names, dtypes, args.rounds or (5 if args.quick else 15), args.quick, clock=args.clock)
+    extra = [f"torch {torch.__version__}, {torch.get_num_threads()} thread, quick={args.quick}, clock={args.clock}"]
     if not args.quick:
         extra.append(f"torch.compile(Rope.apply, fullgraph=True) over 16 growing lengths: {recompiles()} graphs compiled")
     write_csv(rows, out / "rope_bench.csv")
