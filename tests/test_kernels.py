@@ -235,3 +235,16 @@ def test_decoder_tables_path_matches_reference():
         x_in = x if pos.shape[-1] == 6 else x[:, :, :1]
         assert torch.equal(dispatch.apply_tables(x_in, cos, sin, pairing="interleaved"),
                            apply_rope(x_in, cos, sin, pairing="interleaved"))
+
+
+def test_bf16_rounding_edge_values_match_reference():
+    # denormals, infinities, halfway cases and huge values: the kernel's fast conversion must step aside
+    rope = Rope(head_dim=32)
+    vals = torch.tensor([1e-39, -1e-39, 3e-38, float("inf"), float("-inf"), 1.0 + 2**-8, 1.0 + 3 * 2**-8, 65504.0,
+                         1e38, 0.0, -0.0])
+    q = vals.repeat(24)[: 8 * 32].view(1, 8, 1, 32).to(torch.bfloat16)
+    for p in (0, 1, 7, 4095):
+        got = rope.apply(q, q, torch.tensor([p]))[0]
+        expected = rope.apply(q, q, torch.tensor([p]), impl="reference")[0]
+        nan = got.isnan() & expected.isnan()
+        assert torch.equal(got.view(torch.int16)[~nan], expected.view(torch.int16)[~nan]), p
