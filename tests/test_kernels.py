@@ -214,6 +214,7 @@ def test_explicit_impl_never_falls_back(monkeypatch, tmp_path):
     monkeypatch.setenv("POSENC_CACHE_DIR", str(tmp_path))
     cpu._library.cache_clear()
     dispatch._CPU_OK.clear()
+    cpu._READY.clear()
     try:
         with pytest.raises(PosencError, match=r"impl: expected 'cpu' to be buildable, got building rope_cpu.c"):
             rope.apply(q, q, pos, impl="cpu")
@@ -222,6 +223,7 @@ def test_explicit_impl_never_falls_back(monkeypatch, tmp_path):
     finally:
         cpu._library.cache_clear()
         dispatch._CPU_OK.clear()
+        cpu._READY.clear()
 
 
 def test_decoder_tables_path_matches_reference():

@@ -30,6 +30,7 @@ __all__ = ["available", "rotate", "DTYPES", "PAIRING_CODES"]
 
 PAIRING_CODES = {"split_half": 0, "interleaved": 1, "interleaved_to_split_half": 2}
 DTYPES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2, torch.float64: 3}
+_READY: dict = {}  # dtype -> the loaded library, once `require` accepted it
 _FLAGS = ["-O3", "-ffp-contract=off", "-fPIC", "-shared", "-std=gnu11"]  # no FMA: bit-exact vs the reference
 
 
@@ -122,7 +123,7 @@ def rotate(
         0 when done; otherwise nothing was written and the value says why: < 0, the most negative row;
         > 0, the table length the rows need.
     """
-    lib = require(q.dtype)
+    lib = _READY.get(q.dtype) or _READY.setdefault(q.dtype, require(q.dtype))  # checked once per dtype
     if rows.numel() == 0:  # no tokens or no batch rows: nothing to do (and no row to read)
         return 0
     if k is None:

@@ -179,7 +179,7 @@ def rope_apply(rope: "Rope", q: torch.Tensor, k: torch.Tensor | None, position_i
         args = dict(inplace=inplace, impl=name, layout=layout, seq_len=seq_len, precision=precision,
                     allow_negative=allow_negative, compute_dtype=compute_dtype)
         return rope_apply(rope, q, None, position_ids, **args)[0], rope_apply(rope, k, None, position_ids, **args)[0]
-    grad = torch.is_grad_enabled() and any(x.requires_grad for x in xs)
+    grad = torch.is_grad_enabled() and (q.requires_grad or (k is not None and k.requires_grad))
     q4 = _view4(q, layout)  # [b, hq, t, d]
     k4 = _view4(k, layout) if k is not None else q4[:, :0]  # [b, hk, t, d]; no heads when k is None
     if name == "cpu" and not grad and not _compiling() and position_ids.ndim <= 2 and (
