@@ -8,7 +8,6 @@ Small shapes only: the interpreter costs milliseconds per program instance.
 
 import importlib
 import os
-import sys
 
 import pytest
 import torch
@@ -16,9 +15,23 @@ import torch
 if not torch.cuda.is_available():
     os.environ["TRITON_INTERPRET"] = "1"  # read when the kernels are decorated: before importing them
 triton = pytest.importorskip("triton")
-for _name in ("posenc.kernels.triton_rope", "posenc.kernels.triton_append"):  # imported earlier (doctests)?
-    if _name in sys.modules:  # re-decorate the kernels in interpreter mode
-        importlib.reload(sys.modules[_name])
+
+
+@pytest.fixture(autouse=True)
+def interpreted_kernels(monkeypatch):
+    """Kernels decorated in interpreter mode: another test (the doctests) may have imported them without it."""
+    if torch.cuda.is_available():
+        yield
+        return
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    import posenc.kernels.triton_append as append
+    import posenc.kernels.triton_rope as rope_kernels
+
+    if type(rope_kernels._rope_kernel).__name__ != "InterpretedFunction":
+        importlib.reload(rope_kernels)
+    if type(append._append_kernel).__name__ != "InterpretedFunction" or append._rotate_block is not rope_kernels._rotate_block:
+        importlib.reload(append)
+    yield
 
 from conftest import assert_close  # noqa: E402
 

@@ -112,7 +112,8 @@ def _rope_kernel(Q, K, QO, KO, COS, SIN, ROWS,
                     BLOCK_HALF, ANGLES, INVERSE)
     c = c[None, :, :]  # [1, BT, BHALF]
     s = s[None, :, :]
-    n_q_blocks = tl.cdiv(HQ, BLOCK_H)
+    n_q_blocks = (HQ + BLOCK_H - 1) // BLOCK_H  # not tl.cdiv: a jit function of triton itself, decorated at
+    # triton import, which breaks the interpreter when triton was imported before TRITON_INTERPRET=1
     if pid_h < n_q_blocks:
         _rotate_block(Q, QO, sqb, sqh, sqt, sqd, oqb, oqh, oqt, oqd, b, pid_h * BLOCK_H, HQ, t, t, t_mask, c, s,
                       half, D, BLOCK_H, BLOCK_HALF, BLOCK_PASS, PAIRING, COPY_PASS, ROUND_BF16)
