@@ -120,7 +120,7 @@ def visibility(q_positions: torch.Tensor, k_positions: torch.Tensor, key_mask: t
     """
     visible = _visible(q_positions, k_positions, causal, key_mask, window)  # [b, 1, tq, tk]
     seen = visible.any(-1, keepdim=True)  # [b, 1, tq, 1]
-    if bool(seen.all()):
+    if not torch.compiler.is_compiling() and bool(seen.all()):  # traced code keeps the (exact) general form
         return visible, None
     return visible | ~seen, seen
 
@@ -251,9 +251,12 @@ def encode_qk(encoding: Any, q: torch.Tensor, k: torch.Tensor, q_pos: torch.Tens
 def _rotate(rope: Rope, q: torch.Tensor, k: torch.Tensor, q_pos: torch.Tensor, k_pos: torch.Tensor,
             seq_len: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """q and k rotated with one table per row, that of length `seq_len` or `max(q and k positions) + 1`."""
-    for arg, pos in (("q_positions", q_pos), ("k_positions", k_pos)):
-        if bool((pos < 0).any()):  # one host sync; RoPE rotates by the position itself
-            fail(arg, "positions >= 0 (a Rope rotates by the position)", Raw(f"min {int(pos.min())}"))
+    if not torch.compiler.is_compiling():  # traced code cannot sync; eager checks once per call
+        for arg, pos in (("q_positions", q_pos), ("k_positions", k_pos)):
+            if bool((pos < 0).any()):  # one host sync; RoPE rotates by the position itself
+                fail(arg, "positions >= 0 (a Rope rotates by the position)", Raw(f"min {int(pos.min())}"))
+    if not rope.scaling.depends_on_length:  # one table whatever the length: the fast path (kernels)
+        return rope.rotate(q, q_pos), rope.rotate(k, k_pos)
     if seq_len is not None:
         lengths = torch.full((q_pos.shape[0],), int(seq_len), dtype=torch.long, device=q_pos.device)  # [b]
     else:

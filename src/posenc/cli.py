@@ -120,8 +120,10 @@ def build_parser() -> argparse.ArgumentParser:
     q.set_defaults(run=_plot)
     from .verify.cli import add_parser as add_verify_parser  # `posenc verify`: its code lives in posenc/verify/
     from .lab.cli import add_parser as add_lab_parser  # `posenc lab`: its code lives in posenc/lab/
+    from .bench import add_parser as add_bench_parser  # `posenc bench`: its own module
 
     add_verify_parser(sub)
+    add_bench_parser(sub)
     add_lab_parser(sub)
     return parser
 

@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 from ..cache import KVCache
-from ..rope.apply import apply_rope
+from ..kernels.dispatch import apply_tables
 
 __all__ = ["Step", "RMSNorm", "SwiGLU", "Attention", "DecoderLayer"]
 
@@ -109,11 +109,11 @@ class Attention(nn.Module):
         k = self.k_proj(x).view(b, t, self.num_kv_heads, self.head_dim).transpose(1, 2)  # [b, hk, t, d]
         v = self.v_proj(x).view(b, t, self.num_kv_heads, self.head_dim).transpose(1, 2)  # [b, hk, t, d]
         if step.pairing is not None:
-            q = apply_rope(q, step.cos, step.sin, pairing=step.pairing)
+            q = apply_tables(q, step.cos, step.sin, pairing=step.pairing)  # C kernel on CPU: same bits
         if cache is None:  # a full forward: the keys are this forward's own tokens
             keys, values = k, v
             if step.pairing is not None:
-                keys = apply_rope(k, step.cos, step.sin, pairing=step.pairing)  # [b, hk, t, d]
+                keys = apply_tables(k, step.cos, step.sin, pairing=step.pairing)  # [b, hk, t, d]
         else:
             cache.write(layer, k, v, step.slots, step.cos, step.sin, index=step.index)
             keys, values = cache.read(layer, step.key_tables, step.width)  # [b, hk, w, d]

@@ -17,7 +17,8 @@ import torch
 
 from ..errors import boolean, check_float_tensor, choice, fail, integer, positions, real
 from . import tables
-from .apply import LAYOUTS, PAIRINGS, apply_rope
+from ..kernels.dispatch import rope_apply
+from .apply import LAYOUTS, PAIRINGS
 from .mrope import check_sections, mrope_axis_map, mrope_cos_sin
 from .scaling import Default, Scaling, check_base, check_seq_len
 
@@ -163,12 +164,13 @@ class Rope:
         precision: str = "float32",
         allow_negative: bool = False,
         compute_dtype: torch.dtype | None = None,
+        impl: str | None = None,
     ) -> torch.Tensor:
         """Rotate one tensor (q or k) at `position_ids`. See `apply` for the arguments."""
         self._check_x("x", x, layout)
         position_ids = self._check_positions(position_ids, x, layout, "x")
-        cos, sin = self.cos_sin(position_ids, seq_len=seq_len, precision=precision, allow_negative=allow_negative)
-        return apply_rope(x, cos, sin, pairing=self.pairing, layout=layout, compute_dtype=compute_dtype)
+        return rope_apply(self, x, None, position_ids, inplace=False, impl=impl, layout=layout, seq_len=seq_len,
+                          precision=precision, allow_negative=allow_negative, compute_dtype=compute_dtype)[0]
 
     def apply(
         self,
@@ -181,8 +183,9 @@ class Rope:
         precision: str = "float32",
         allow_negative: bool = False,
         compute_dtype: torch.dtype | None = None,
+        impl: str | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Rotate q and k at explicit logical positions.
+        """Rotate q and k at explicit logical positions (new tensors; `apply_` rotates in place).
 
         Args:
             q: `[b, hq, t, d]` (layout "bhtd"), `[b, t, hq, d]` ("bthd") or packed `[t, hq, d]` ("thd").
@@ -194,11 +197,31 @@ class Rope:
             allow_negative: accept negative positions.
             compute_dtype: the rotation's dtype (default float32, one rounding; `q.dtype` reproduces
                 transformers' bf16/fp16 arithmetic bit for bit, see `apply_rope`).
+            impl: "reference", "cpu", "compiled" or "triton" (see `posenc.kernels`); default None = the
+                fastest available for q's device, bit-identical to the reference. A named impl never falls
+                back: it raises PosencError when it cannot run these inputs.
         Returns:
             `(q_rotated, k_rotated)` in the inputs' dtypes; pass-through channels bit-identical.
         Raises:
-            PosencError: non-float q/k, wrong head_dim, mismatched shapes, non-integer or negative positions.
+            PosencError: non-float q/k, wrong head_dim, mismatched shapes, non-integer or negative positions,
+                an impl that cannot run here.
         """
+        return self._apply(q, k, position_ids, False, layout=layout, seq_len=seq_len, precision=precision,
+                           allow_negative=allow_negative, compute_dtype=compute_dtype, impl=impl)
+
+    def apply_(self, q: torch.Tensor, k: torch.Tensor, position_ids: torch.Tensor, **options: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        """Rotate q and k in place; returns `(q, k)`.
+
+        Args:
+            q, k, position_ids: as `apply`.
+            **options: `apply`'s keyword arguments (layout, seq_len, precision, allow_negative,
+                compute_dtype, impl).
+        The default CPU path rewrites each element once, with no temporary (docs/performance.md).
+        """
+        return self._apply(q, k, position_ids, True, **options)
+
+    def _apply(self, q, k, position_ids, inplace, *, layout="bhtd", seq_len=None, precision="float32",
+               allow_negative=False, compute_dtype=None, impl=None):
         self._check_x("q", q, layout)
         self._check_x("k", k, layout)
         axes = [a for a in range(q.ndim) if a != q.ndim + LAYOUTS[layout][2]]
@@ -206,11 +229,8 @@ class Rope:
             if q.shape[a] != k.shape[a]:
                 fail("k", f"size {q.shape[a]} in dim {a} (as q {tuple(q.shape)}; only heads may differ)", k)
         position_ids = self._check_positions(position_ids, q, layout, "q")
-        cos, sin = self.cos_sin(position_ids, seq_len=seq_len, precision=precision, allow_negative=allow_negative)
-        return (
-            apply_rope(q, cos, sin, pairing=self.pairing, layout=layout, compute_dtype=compute_dtype),
-            apply_rope(k, cos, sin, pairing=self.pairing, layout=layout, compute_dtype=compute_dtype),
-        )
+        return rope_apply(self, q, k, position_ids, inplace=inplace, impl=impl, layout=layout, seq_len=seq_len,
+                          precision=precision, allow_negative=allow_negative, compute_dtype=compute_dtype)
 
     # ---------------------------------------------------------------- checks
     def _check_x(self, arg: str, x: torch.Tensor, layout: str) -> None:

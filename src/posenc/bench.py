@@ -1,0 +1,325 @@
+"""`posenc bench`: RoPE on q and k timed side by side with the peers and the memory floors, one run, one thread.
+
+Every provider rotates the same tensors in the same process; rows of one (shape, dtype) are timed in
+interleaved rounds so machine noise hits them alike, and each is reported against the floors measured
+in that run: `copy` (`copy_` of q and k into existing buffers: the bound for an in-place rotation) and
+`clone` (fresh outputs: the bound for an allocating one). Output: tidy CSV rows, a Markdown summary,
+and a plot drawn from the CSV. Peers that are not installed are skipped (and listed in the summary).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import csv
+import math
+import os
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+__all__ = ["SHAPES", "run", "write_csv", "summary", "plot", "add_parser"]
+
+# name -> (b, hq, hk, t, d, position of the first token)
+SHAPES = {
+    "prefill 1x32x4096x128": (1, 32, 32, 4096, 128, 0),
+    "batch 8x32x512x128": (8, 32, 32, 512, 128, 0),
+    "decode 32x32x1x128 @4095": (32, 32, 32, 1, 128, 4095),
+    "gqa q32/k8 1x2048x128": (1, 32, 8, 2048, 128, 0),
+}
+FIELDS = ["provider", "shape", "dtype", "inplace", "p20_ms", "p50_ms", "p80_ms", "gb_per_s", "x_copy", "x_clone",
+          "peak_extra_mib", "threads"]
+
+
+@dataclass
+class Provider:
+    name: str
+    inplace: bool
+    make: Callable  # (q, k, pos, cos_hf, sin_hf) -> zero-argument callable, or None when not applicable
+
+
+def _hf_tables(rope, pos: torch.Tensor, dtype: torch.dtype):
+    """transformers' Llama cos/sin `[b, t, d]` in the input dtype, as its rotary module returns them."""
+    cos, sin = rope.cos_sin(pos if pos.ndim == 2 else pos[None])  # [b or 1, t, d/2] float32
+    return torch.cat((cos, cos), -1).to(dtype), torch.cat((sin, sin), -1).to(dtype)
+
+
+def providers(quick: bool) -> tuple[list[Provider], list[str]]:
+    """The providers that import here, and notes on those that do not."""
+    from .rope.spec import Rope
+
+    rope = Rope(head_dim=128)
+    found = [
+        Provider("copy_ (floor)", True, lambda q, k, *_: _copy_into(q, k)),
+        Provider("clone (floor)", False, lambda q, k, *_: lambda: (q.clone(), k.clone())),
+        Provider("posenc apply_", True, lambda q, k, pos, *_: lambda: rope.apply_(q, k, pos)),
+        Provider("posenc apply", False, lambda q, k, pos, *_: lambda: rope.apply(q, k, pos)),
+        Provider("posenc reference", False, lambda q, k, pos, *_: lambda: rope.apply(q, k, pos, impl="reference")),
+        Provider("complex multiply, in place", True, _complex_inplace),
+    ]
+    notes = []
+    try:
+        from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
+    except ImportError:
+        notes.append("transformers: not installed")
+    else:
+        found.append(Provider("transformers eager", False, lambda q, k, pos, c, s: lambda: apply_rotary_pos_emb(q, k, c, s)))
+        if not quick:
+            fn = torch.compile(apply_rotary_pos_emb, fullgraph=True, dynamic=False)
+            found.append(Provider("transformers torch.compile", False, lambda q, k, pos, c, s: lambda: fn(q, k, c, s)))
+    try:
+        from rotary_embedding_torch import RotaryEmbedding
+    except ImportError:
+        notes.append("rotary-embedding-torch: not installed")
+    else:
+        found.append(Provider("rotary-embedding-torch", False, _lucidrains(RotaryEmbedding)))
+    try:
+        from torchtune.modules import RotaryPositionalEmbeddings  # noqa: F401
+    except ImportError:
+        notes.append("torchtune: not importable (needs torchao)")
+    if not quick:
+        found.append(Provider("posenc compiled", False, lambda q, k, pos, *_: lambda: rope.apply(q, k, pos, impl="compiled")))
+    return found, notes
+
+
+def _copy_into(q, k):
+    q_out, k_out = torch.empty_like(q), torch.empty_like(k)
+    return lambda: (q_out.copy_(q), k_out.copy_(k))
+
+
+def _complex_inplace(q, k, pos, *_):
+    """Meta's complex rotation written in place (interleaved pairs; torch has no complex bf16: it upcasts)."""
+    from .rope.spec import Rope
+
+    cos, sin = Rope(head_dim=128).cos_sin(pos)  # [.., t, 64]
+    freqs = torch.complex(cos, sin)[..., None, :, :] if cos.ndim == 3 else torch.complex(cos, sin)  # [b?, 1?, t, 64]
+    if q.dtype == torch.float32:
+        return lambda: (torch.view_as_complex(q.unflatten(-1, (-1, 2))).mul_(freqs),
+                        torch.view_as_complex(k.unflatten(-1, (-1, 2))).mul_(freqs))
+
+    def upcast():
+        for x in (q, k):
+            x.copy_(torch.view_as_real(torch.view_as_complex(x.float().unflatten(-1, (-1, 2))) * freqs).flatten(-2))
+    return upcast
+
+
+def _lucidrains(cls):
+    def make(q, k, pos, *_):
+        rot = cls(dim=128)
+        rot.rotate_queries_or_keys(torch.zeros(1, 1, 8, 128))  # fill its cache in float32 (bf16 first fills it wrong)
+        offset = int(pos.flatten()[0])
+        return lambda: (rot.rotate_queries_or_keys(q, offset=offset), rot.rotate_queries_or_keys(k, offset=offset))
+    return make
+
+
+def _peak_extra_mib(fn: Callable) -> float:
+    """Peak bytes the CPU allocator held during one call (outputs included), from the profiler's memory events."""
+    with _quiet_stderr(), torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU],
+                                                 profile_memory=True) as prof:
+        fn()
+    events = sorted((e for e in prof.events() if e.cpu_memory_usage), key=lambda e: e.time_range.start)
+    level = peak = 0
+    for e in events:
+        level += e.cpu_memory_usage
+        peak = max(peak, level)
+    return peak / 2**20
+
+
+@contextlib.contextmanager
+def _quiet_stderr():
+    """Silence the profiler's C++ start/stop log lines (written to file descriptor 2)."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with open(os.devnull, "w") as devnull:
+        os.dup2(devnull.fileno(), 2)
+        try:
+            yield
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+
+
+def _quantile(values: list[float], p: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(round(p * (len(ordered) - 1))))]
+
+
+def run(shapes: list[str], dtypes: list[torch.dtype], rounds: int, quick: bool, progress: Callable = print,
+        clock: str = "wall") -> tuple[list[dict], list[str]]:
+    """Time every provider on every (shape, dtype); returns (CSV rows, notes).
+
+    clock: "wall" (`time.perf_counter`) or "thread" (`time.thread_time`: CPU time of this thread, user and
+    system, so time spent descheduled on an oversubscribed machine does not count).
+    """
+    torch.set_num_threads(1)
+    now = time.thread_time if clock == "thread" else time.perf_counter
+    found, notes = providers(quick)
+    rows = []
+    for shape in shapes:
+        b, hq, hk, t, d, start = SHAPES[shape]
+        for dtype in dtypes:
+            gen = torch.Generator().manual_seed(0)
+            q = torch.randn(b, hq, t, d, generator=gen).to(dtype)
+            k = torch.randn(b, hk, t, d, generator=gen).to(dtype)
+            pos = torch.full((b, 1), start) if t == 1 else torch.arange(t) + start  # [b, 1] or [t]
+            from .rope.spec import Rope
+
+            cos_hf, sin_hf = _hf_tables(Rope(head_dim=128), pos, dtype)
+            calls = {}
+            for p in found:
+                try:
+                    fn = p.make(q, k, pos, cos_hf, sin_hf)
+                    start_t = time.perf_counter()
+                    fn()  # warm-up (and compile)
+                    calls[p.name] = (p, fn, time.perf_counter() - start_t)
+                except Exception as exc:  # a peer that fails on this input is reported, not fatal
+                    notes.append(f"{p.name} on {shape} {dtype}: {type(exc).__name__}: {str(exc)[:120]}")
+            # inner repetitions so that one sample lasts >= 2 ms (decode calls take microseconds)
+            inner = {n: max(1, math.ceil(2e-3 / max(first, 1e-6))) for n, (_, _, first) in calls.items()}
+            for n, (_, fn, _) in calls.items():  # recalibrate on a warm call
+                start_t = time.perf_counter()
+                for _ in range(inner[n]):
+                    fn()
+                inner[n] = max(1, math.ceil(2e-3 * inner[n] / max(time.perf_counter() - start_t, 1e-9)))
+            samples: dict[str, list[float]] = {n: [] for n in calls}
+            for _ in range(rounds * (4 if t == 1 else 1)):  # interleaved: noise hits every provider alike; decode is cheap
+                for n, (_, fn, _) in calls.items():
+                    start_t = now()
+                    for _ in range(inner[n]):
+                        fn()
+                    samples[n].append((now() - start_t) / inner[n])
+            moved = 2 * (q.numel() + k.numel()) * q.element_size()  # read and write q and k
+            floor_copy = _quantile(samples.get("copy_ (floor)", [math.nan]), 0.5)
+            floor_clone = _quantile(samples.get("clone (floor)", [math.nan]), 0.5)
+            for n, (p, fn, _) in calls.items():
+                p50 = _quantile(samples[n], 0.5)
+                rows.append({
+                    "provider": n, "shape": shape, "dtype": str(dtype).replace("torch.", ""), "inplace": p.inplace,
+                    "p20_ms": _quantile(samples[n], 0.2) * 1e3, "p50_ms": p50 * 1e3,
+                    "p80_ms": _quantile(samples[n], 0.8) * 1e3, "gb_per_s": moved / p50 / 1e9,
+                    "x_copy": p50 / floor_copy, "x_clone": p50 / floor_clone,
+                    "peak_extra_mib": _peak_extra_mib(fn), "threads": torch.get_num_threads(),
+                })
+            progress(f"{shape} {dtype}: " + ", ".join(f"{r['provider']} {r['x_copy']:.2f}x" for r in rows[-len(calls):]))
+            del q, k, calls
+    return rows, notes
+
+
+def recompiles(lengths: int = 16) -> int:
+    """Graphs compiled by `torch.compile(Rope.apply, fullgraph=True)` over `lengths` growing sequence lengths."""
+    from torch._dynamo.utils import counters
+
+    from .rope.spec import Rope
+
+    rope = Rope(head_dim=64)
+    torch._dynamo.reset()
+    counters.clear()
+    fn = torch.compile(lambda q, k, pos: rope.apply(q, k, pos), fullgraph=True)
+    for t in range(8, 8 + lengths):
+        fn(torch.randn(1, 4, t, 64), torch.randn(1, 2, t, 64), torch.arange(t))
+    return int(counters["stats"]["unique_graphs"])
+
+
+def write_csv(rows: list[dict], path: Path) -> None:
+    with open(path, "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=FIELDS)
+        writer.writeheader()
+        for r in rows:
+            writer.writerow({k: (f"{v:.4g}" if isinstance(v, float) else v) for k, v in r.items()})
+
+
+def summary(rows: list[dict], notes: list[str], extra: list[str] = ()) -> str:
+    """A Markdown table per (shape, dtype): p50, GB/s and the ratios to both floors."""
+    out = ["# RoPE benchmark (CPU, one thread, one run; ratios to floors measured in the same run)", ""]
+    groups: dict[tuple, list[dict]] = {}
+    for r in rows:
+        groups.setdefault((r["shape"], r["dtype"]), []).append(r)
+    for (shape, dtype), group in groups.items():
+        out += [f"## {shape}, {dtype}", "", "| provider | in place | p50 ms (p20-p80) | GB/s | x copy | x clone | peak MiB |",
+                "|---|---|---:|---:|---:|---:|---:|"]
+        for r in sorted(group, key=lambda r: float(r["p50_ms"])):
+            out.append(f"| {r['provider']} | {'yes' if r['inplace'] else 'no'} | {float(r['p50_ms']):.4g} "
+                       f"({float(r['p20_ms']):.3g}-{float(r['p80_ms']):.3g}) | {float(r['gb_per_s']):.3g} | "
+                       f"{float(r['x_copy']):.2f} | {float(r['x_clone']):.2f} | {float(r['peak_extra_mib']):.0f} |")
+        out.append("")
+    out += [f"- {n}" for n in [*extra, *notes]]
+    return "\n".join(out) + "\n"
+
+
+def plot(csv_path: Path, out_path: Path) -> Path:
+    """Bar chart of the ratio to the copy floor per provider, one panel per (shape, dtype), read from the CSV."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    with open(csv_path) as f:
+        rows = list(csv.DictReader(f))
+    panels = sorted({(r["shape"], r["dtype"]) for r in rows})
+    fig, axes = plt.subplots(len(panels), 1, figsize=(8, 2.4 * len(panels)), squeeze=False)
+    for ax, (shape, dtype) in zip(axes[:, 0], panels):
+        group = sorted((r for r in rows if (r["shape"], r["dtype"]) == (shape, dtype)), key=lambda r: float(r["x_copy"]))
+        ax.barh([r["provider"] for r in group], [float(r["x_copy"]) for r in group], color="tab:blue")
+        ax.set_xscale("log")
+        ax.axvline(1.0, color="k", lw=0.8)
+        ax.set_title(f"{shape}, {dtype}: time / copy floor (log)", fontsize=9)
+        ax.tick_params(labelsize=7)
+    fig.tight_layout()
+    fig.savefig(out_path, dpi=110)
+    return out_path
+
+
+def add_parser(sub) -> None:
+    """Register `posenc bench` on the CLI's subparsers."""
+    p = sub.add_parser("bench", help="time RoPE on q and k against the peers and the copy/clone floors",
+                       description="Times posenc's RoPE (in place and allocating), transformers, the complex-multiply"
+                       " idiom and other installed peers side by side on the same tensors, one thread, with the copy_"
+                       " and clone floors measured in the same run. Writes rope_bench.csv, rope_bench.md and"
+                       " rope_bench.png (matplotlib) into --out.")
+    p.add_argument("--quick", action="store_true", help="fewer rounds, no torch.compile providers (< 1 min on 2 cores)")
+    p.add_argument("--shapes", default="all", help=f"comma-separated subset of: {'; '.join(SHAPES)} (match by first word)")
+    p.add_argument("--dtypes", default="float32,bfloat16", help="comma-separated dtypes (default float32,bfloat16)")
+    p.add_argument("--rounds", type=int, help="timed rounds per provider (default 5 quick, 15 full)")
+    p.add_argument("--clock", choices=("wall", "thread"), default="wall",
+                   help="wall time, or this thread's CPU time (robust when other jobs share the cores)")
+    p.add_argument("--out", default=".", help="output directory (default: current)")
+    p.add_argument("--no-plot", action="store_true", help="skip the PNG")
+    p.set_defaults(run=main)
+
+
+def main(args: argparse.Namespace) -> int:
+    from .errors import fail
+
+    names = list(SHAPES) if args.shapes == "all" else []
+    for word in ([] if args.shapes == "all" else args.shapes.split(",")):
+        match = [s for s in SHAPES if s.split()[0] == word.strip().split()[0]]
+        if not match:
+            fail("--shapes", f"names from {[s.split()[0] for s in SHAPES]}", word)
+        names += match
+    dtypes = []
+    for name in args.dtypes.split(","):
+        dtype = getattr(torch, name.strip(), None)
+        if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+            fail("--dtypes", "floating dtypes such as float32,bfloat16", name)
+        dtypes.append(dtype)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    rows, notes = run(names, dtypes, args.rounds or (5 if args.quick else 15), args.quick, clock=args.clock)
+    extra = [f"torch {torch.__version__}, {torch.get_num_threads()} thread, quick={args.quick}, clock={args.clock}"]
+    if not args.quick:
+        extra.append(f"torch.compile(Rope.apply, fullgraph=True) over 16 growing lengths: {recompiles()} graphs compiled")
+    write_csv(rows, out / "rope_bench.csv")
+    (out / "rope_bench.md").write_text(summary(rows, notes, extra))
+    written = ["rope_bench.csv", "rope_bench.md"]
+    if not args.no_plot:
+        try:
+            plot(out / "rope_bench.csv", out / "rope_bench.png")
+            written.append("rope_bench.png")
+        except ImportError:
+            notes.append("plot skipped: matplotlib not installed")
+    print(f"wrote {', '.join(str(out / w) for w in written)}")
+    return 0

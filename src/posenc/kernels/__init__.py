@@ -1,0 +1,19 @@
+"""Fast RoPE implementations, each chosen out loud with `impl=` and imported lazily.
+
+- `"reference"`: `posenc.rope.apply.apply_rope`, plain torch (the oracle; never imports a kernel).
+- `"cpu"`: a C kernel (`rope_cpu.c`, launched by `cpu.py`) built on first use: q and k in one pass,
+  in place or allocating, bit-identical to the reference.
+- `"compiled"`: the reference rotation under `torch.compile(dynamic=True)` (`compiled.py`).
+- `"triton"`: one Triton kernel for q and k (`triton_rope.py`), forward and backward, tables or
+  angles computed on the fly; a fused rope + KV-cache append (`triton_append.py`).
+
+The default (`impl=None`) is the fastest one available for the tensors' device: "cpu" on the CPU when
+it builds, "triton" on CUDA when Triton imports, else "reference". An explicit choice never falls back:
+it raises `PosencError` naming `impl`.
+"""
+
+from __future__ import annotations
+
+IMPLS = ("reference", "cpu", "compiled", "triton")
+
+__all__ = ["IMPLS"]

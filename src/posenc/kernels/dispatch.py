@@ -1,0 +1,241 @@
+"""Route `Rope.apply` / `Rope.apply_` / `Rope.rotate` to an implementation, with tables cached per Rope.
+
+Hot path (CPU, eager, no autograd): the shape checks of `Rope`, one dictionary look-up for the cached
+cos/sin table of this Rope, one call of the C kernel that checks the positions (>= 0, inside the table)
+while it reads them: no host sync, no temporary. Tables are rows `[n, r/2]` of `Rope.cos_sin(arange(n))`,
+bit-identical to the rows `cos_sin(position_ids)` computes (torch's float32 cos/sin do not depend on
+where an element sits in the tensor; tests/test_kernels.py checks it).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING
+
+import torch
+
+from ..errors import check_int_positions, fail
+from ..rope.apply import LAYOUTS, apply_rope
+from . import IMPLS
+
+if TYPE_CHECKING:
+    from ..rope.spec import Rope
+
+__all__ = ["resolve_impl", "rope_apply", "table_rows"]
+
+_TABLES: dict = {}  # (rope, precision, seq_len, device) -> (cos, sin), each [n, r/2] float32
+_MAX_TABLES = 16
+_CPU_OK: dict = {}  # dtype -> whether the C kernel runs it (built once per process)
+_MAX_TABLE_ROWS = 1 << 20  # beyond this, per-call tables (a [2**20, 64] pair of tables is 512 MiB)
+
+
+def _compiling() -> bool:
+    return torch.compiler.is_compiling()
+
+
+def resolve_impl(impl: str | None, x: torch.Tensor, compute_dtype: torch.dtype | None) -> str:
+    """The implementation to run: `impl` checked, or the fastest available for `x` when None.
+
+    Raises:
+        PosencError: an unknown name, or a named implementation that cannot run these inputs.
+    """
+    if impl is None and compute_dtype is None and x.device.type == "cpu" and not _compiling():
+        ok = _CPU_OK.get(x.dtype)  # the decode hot path: one dict look-up
+        if ok is None:
+            ok = _CPU_OK[x.dtype] = _cpu_available(x.dtype)
+        return "cpu" if ok else "reference"
+    default_compute = compute_dtype is None or compute_dtype == (torch.float64 if x.dtype == torch.float64 else torch.float32)
+    if impl is None:
+        if not default_compute or _compiling():  # under torch.compile inductor fuses the reference itself
+            return "reference"
+        if x.device.type == "cpu":
+            return "cpu" if _cpu_available(x.dtype) else "reference"
+        if x.device.type == "cuda" and triton_available():
+            return "triton"
+        return "reference"
+    if impl not in IMPLS:
+        fail("impl", f"None or one of {IMPLS}", impl)
+    if impl == "reference" or impl == "compiled":
+        return impl
+    if not default_compute:
+        fail("impl", f"'reference' or 'compiled' for compute_dtype={compute_dtype}", impl)
+    if _compiling():
+        return impl  # traced: the custom op's implementation says at run time if its kernel cannot build
+    if impl == "cpu":
+        if x.device.type != "cpu":
+            fail("impl", f"'cpu' with CPU tensors (q is on {x.device})", impl)
+        if not _cpu_available(x.dtype):
+            from . import cpu
+
+            cpu.require(x.dtype)  # raises, saying why
+    elif impl == "triton":
+        if not triton_available():
+            fail("impl", "'triton' with the triton package installed (pip install posenc[triton])", impl)
+        if x.device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
+            fail("impl", f"'triton' with CUDA tensors (q is on {x.device}; TRITON_INTERPRET=1 runs it on CPU)", impl)
+        if x.dtype not in (torch.float32, torch.bfloat16, torch.float16):
+            fail("impl", f"'triton' with float32, bfloat16 or float16 (got {x.dtype})", impl)
+    return impl
+
+
+def _cpu_available(dtype: torch.dtype) -> bool:
+    from . import cpu
+
+    return cpu.available(dtype)
+
+
+def triton_available() -> bool:
+    try:
+        import triton  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def table_rows(rope: "Rope", n: int, precision: str, seq_len: int | None, device: torch.device):
+    """Cached `(cos, sin)` rows for positions `0 .. n'-1` (n' >= n, a power of two), each `[n', r/2]` float32."""
+    key = (rope, precision, seq_len, device)
+    hit = _TABLES.get(key)
+    if hit is not None and hit[0].shape[0] >= n:
+        return hit
+    rows = max(4096, 1 << max(n - 1, 1).bit_length())
+    positions = torch.arange(rows, device=device)
+    inv, factor = rope.inv_freq(seq_len)
+    from ..rope import tables
+
+    cos, sin = tables.cos_sin(positions, inv, factor, precision)  # [rows, r/2]
+    if len(_TABLES) >= _MAX_TABLES:
+        _TABLES.pop(next(iter(_TABLES)))
+    _TABLES[key] = (cos, sin)
+    return cos, sin
+
+
+def _view4(x: torch.Tensor, layout: str) -> torch.Tensor:
+    """`x` as a `[b, h, t, d]` view (no copy) from any supported layout."""
+    if layout == "bthd":
+        return x.transpose(1, 2)  # [b, h, t, d]
+    if layout == "thd":
+        return x.unsqueeze(0).transpose(1, 2)  # [1, h, t, d]
+    return x
+
+
+def _per_call_tables(rope: "Rope", position_ids: torch.Tensor, seq_len, precision: str, allow_negative: bool):
+    """`(cos, sin, rows)`: tables `[n, r/2]` computed for these positions, rows `[t]` or `[b, t]` into them."""
+    # Under torch.compile the sign check (a host sync) is skipped: negative positions rotate backwards.
+    cos, sin = rope.cos_sin(position_ids, seq_len=seq_len, precision=precision,
+                            allow_negative=allow_negative or _compiling())  # [t, r/2] or [b, t, r/2]
+    t = cos.shape[-2]
+    rows = torch.arange(cos.shape[:-1].numel(), device=cos.device)  # [b * t] or [t]
+    rows = rows.view(-1, t) if cos.ndim == 3 else rows  # [b, t] or [t]
+    return cos.reshape(-1, cos.shape[-1]), sin.reshape(-1, sin.shape[-1]), rows  # [n, r/2]
+
+
+def _cpu_cached(rope, q4, k4, qo4, ko4, position_ids, seq_len, precision, allow_negative) -> bool:
+    """Eager CPU fast path on the cached table; False when these positions need per-call tables."""
+    from . import cpu
+
+    if position_ids.device.type != "cpu":
+        fail("position_ids", "a tensor on the device of q (cpu)", position_ids)
+    if position_ids.dtype != torch.int64:
+        check_int_positions("position_ids", position_ids, allow_negative=True)  # rejects non-integer dtypes
+        position_ids = position_ids.long()
+    rows = position_ids.contiguous()  # [t] or [b, t]
+    cos, sin = table_rows(rope, 0, precision, seq_len, q4.device)
+    for _ in range(2):  # the second try runs on a table grown to cover every row
+        ret = cpu.rotate(q4, k4, qo4, ko4, cos, sin, rows, rope.pairing)
+        if ret == 0:
+            return True
+        if ret < 0 or ret > _MAX_TABLE_ROWS:
+            break
+        cos, sin = table_rows(rope, ret, precision, seq_len, q4.device)
+    if ret < 0 and not allow_negative:
+        check_int_positions("position_ids", position_ids)  # raises: negative positions
+    return False  # negative positions (allowed) or beyond the largest cached table
+
+
+def rope_apply(rope: "Rope", q: torch.Tensor, k: torch.Tensor | None, position_ids: torch.Tensor, *, inplace: bool,
+               impl: str | None, layout: str, seq_len: int | None, precision: str, allow_negative: bool,
+               compute_dtype: torch.dtype | None):
+    """Rotate q (and k) with the chosen implementation; the arguments are `Rope.apply`'s, already checked.
+
+    Returns:
+        `(q_rotated, k_rotated)` (k_rotated None when k is None): q and k themselves when `inplace`.
+    """
+    name = resolve_impl(impl, q, compute_dtype)
+    xs = [x for x in (q, k) if x is not None]
+    if name in ("reference", "compiled"):
+        cos, sin = rope.cos_sin(position_ids, seq_len=seq_len, precision=precision,
+                                allow_negative=allow_negative or _compiling())
+        if name == "compiled":
+            from .compiled import apply_rope_compiled as fn
+        else:
+            fn = apply_rope
+        outs = [fn(x, cos, sin, pairing=rope.pairing, layout=layout, compute_dtype=compute_dtype) for x in xs]
+        if inplace:
+            outs = [x.copy_(o) for x, o in zip(xs, outs)]
+        return outs[0], outs[1] if k is not None else None
+
+    if k is not None and k.dtype != q.dtype:  # one kernel call per dtype
+        args = dict(inplace=inplace, impl=name, layout=layout, seq_len=seq_len, precision=precision,
+                    allow_negative=allow_negative, compute_dtype=compute_dtype)
+        return rope_apply(rope, q, None, position_ids, **args)[0], rope_apply(rope, k, None, position_ids, **args)[0]
+    grad = torch.is_grad_enabled() and (q.requires_grad or (k is not None and k.requires_grad))
+    q4 = _view4(q, layout)  # [b, hq, t, d]
+    k4 = _view4(k, layout) if k is not None else q4[:, :0]  # [b, hk, t, d]; no heads when k is None
+    if name == "cpu" and not grad and not _compiling() and position_ids.ndim <= 2 and (
+        seq_len is not None or not rope.scaling.depends_on_length
+    ):
+        outs = xs if inplace else [torch.empty_like(x) for x in xs]
+        k_out = _view4(outs[1], layout) if k is not None else None
+        if _cpu_cached(rope, q4, k4 if k is not None else None, _view4(outs[0], layout), k_out, position_ids,
+                       seq_len, precision, allow_negative):
+            return outs[0], outs[1] if k is not None else None
+
+    cos, sin, rows = _per_call_tables(rope, position_ids, seq_len, precision, allow_negative)
+    from . import ops
+
+    if inplace and not grad and not (name == "triton" and rope.pairing == "interleaved_to_split_half"):
+        ops.rope_(q4, k4, cos, sin, rows, rope.pairing, name, "table", 1.0)
+        return q, k
+    q_out, k_out = ops.rope(q4, k4, cos, sin, rows, rope.pairing, name, False, "table", 1.0)  # [b, h, t, d]
+    q_out, k_out = _unview4(q_out, layout), _unview4(k_out, layout) if k is not None else None
+    if inplace:  # autograd records the copies (or the in-place kernel cannot run in place)
+        return q.copy_(q_out), k.copy_(k_out) if k is not None else None
+    return q_out, k_out
+
+
+def _unview4(x4: torch.Tensor, layout: str) -> torch.Tensor:
+    """Inverse of `_view4`."""
+    if layout == "bthd":
+        return x4.transpose(1, 2)  # [b, t, h, d]
+    if layout == "thd":
+        return x4.transpose(1, 2).squeeze(0)  # [t, h, d]
+    return x4
+
+
+def apply_tables(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, *, pairing: str,
+                 layout: str = "bhtd") -> torch.Tensor:
+    """`apply_rope(x, cos, sin, pairing=, layout=)`, through the C kernel where that is exact and available.
+
+    Used by the decoder, which builds one set of per-token tables per step for all layers.
+    """
+    from ..rope.apply import check_table
+
+    fast = (x.device.type == "cpu" and layout in ("bhtd", "bthd", "thd") and not _compiling()
+            and not (torch.is_grad_enabled() and x.requires_grad) and cos.dtype == sin.dtype == torch.float32
+            and _cpu_available(x.dtype))
+    if not fast:
+        return apply_rope(x, cos, sin, pairing=pairing, layout=layout)
+    check_table(cos, sin, x, layout)
+    from . import cpu
+
+    t = x.shape[LAYOUTS[layout][1]]
+    n_tab = cos.shape[-2]  # t or 1 (broadcast)
+    rows = torch.arange(cos.shape[:-1].numel()).view(-1, n_tab)  # [b? or 1, n_tab]
+    rows = rows.expand(-1, t) if n_tab == 1 else rows  # [b? or 1, t]
+    out = torch.empty_like(x)
+    ret = cpu.rotate(_view4(x, layout), None, _view4(out, layout), None, cos.reshape(-1, cos.shape[-1]).contiguous(),
+                     sin.reshape(-1, sin.shape[-1]).contiguous(), rows.contiguous(), pairing)
+    if ret != 0:  # rows index the tables they were made from
+        raise RuntimeError(f"posenc cpu kernel rejected the table rows (code {ret})")
+    return out
