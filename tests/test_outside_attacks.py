@@ -1,0 +1,93 @@
+"""Inputs an outside fuzzer threw at the public API that crashed raw (TypeError, OverflowError,
+NotImplementedError, AttributeError, torch's device/dtype RuntimeErrors) instead of a PosencError naming the
+argument. Each case here crashed before the checks it names moved into `errors.py`."""
+
+import numpy as np
+import pytest
+import torch
+
+import posenc
+from posenc import PosencError
+from posenc.attention import attention
+from posenc.errors import integer
+
+HUGE = 2**70  # a Python int no int64 tensor or torch size can hold
+IDS = dict(image_token_id=7, video_token_id=8, vision_start_token_id=9)
+TOO_BIG = {  # name -> (call, the argument the message must name)
+    "Rope": (lambda: posenc.Rope(head_dim=HUGE), "head_dim"),
+    "alibi_slopes": (lambda: posenc.alibi_slopes(HUGE), "num_heads"),
+    "LearnedPositions": (lambda: posenc.LearnedPositions(HUGE, 4), "num_positions"),
+    "T5RelativeBias": (lambda: posenc.T5RelativeBias(HUGE), "num_heads"),
+    "KVCache": (lambda: posenc.KVCache(1, 1, 1, 4, HUGE), "capacity"),
+    "attention.window": (lambda: attention(*[torch.ones(1, 1, 2, 4)] * 3, q_positions=torch.arange(2),
+                                           k_positions=torch.arange(2), window=HUGE), "window"),
+    "mrope_position_ids": (lambda: posenc.mrope_position_ids(torch.ones(1, 3, dtype=torch.long),
+                                                             **(IDS | {"image_token_id": HUGE})), "image_token_id"),
+}
+
+
+@pytest.mark.parametrize("name", TOO_BIG)
+def test_integers_beyond_int64_are_refused_by_name(name):
+    call, arg = TOO_BIG[name]
+    with pytest.raises(PosencError, match=rf"^{arg}: expected .*fits in int64"):
+        call()
+
+
+def test_the_int64_bound_is_inclusive_and_numpy_integers_pass():
+    assert integer("n", 2**63 - 1) == 2**63 - 1 and integer("n", -(2**63)) == -(2**63)
+    assert integer("n", np.int64(5), min=1) == 5
+    with pytest.raises(PosencError, match=r"^n: expected an integer that fits in int64"):
+        integer("n", np.uint64(2**64 - 1))
+
+
+META = torch.arange(4, device="meta")
+NO_VALUES = {  # name -> (call, argument): positions and ids are read, a meta tensor has nothing to read
+    "Rope.cos_sin": (lambda: posenc.Rope(head_dim=8).cos_sin(META), "position_ids"),
+    "sinusoidal_table": (lambda: posenc.sinusoidal_table(META, 8), "positions"),
+    "axial_cos_sin": (lambda: posenc.axial_cos_sin(META.view(2, 2), 8), "positions"),
+    "alibi_bias.k": (lambda: posenc.alibi_bias(4, torch.arange(4), META), "k_positions"),
+    "mrope_position_ids": (lambda: posenc.mrope_position_ids(META.view(1, 4), **IDS), "input_ids"),
+    "vision_patch_positions": (lambda: posenc.vision_patch_positions(torch.ones(1, 3, dtype=torch.long,
+                                                                                device="meta")), "grid_thw"),
+}
+
+
+@pytest.mark.parametrize("name", NO_VALUES)
+def test_meta_tensors_where_values_are_needed_are_refused_by_name(name):
+    call, arg = NO_VALUES[name]
+    with pytest.raises(PosencError, match=rf"^{arg}: expected a tensor with values \(not on the meta device\)"):
+        call()
+
+
+@pytest.mark.parametrize("impl", ["eager", "sdpa"])
+@pytest.mark.parametrize("bad", ["v_dtype", "k_dtype", "v_meta", "mask_meta"])
+def test_attention_refuses_k_v_and_key_mask_unlike_q(impl, bad):
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, 2, 3, 4, generator=g, dtype=torch.float64) for _ in range(3))
+    mask = torch.ones(2, 3, dtype=torch.bool)
+    arg = {"v_dtype": "v", "k_dtype": "k", "v_meta": "v", "mask_meta": "key_mask"}[bad]
+    if bad == "v_dtype":
+        v = v.half()
+    elif bad == "k_dtype":
+        k = k.float()
+    elif bad == "v_meta":
+        v = v.to("meta")
+    else:
+        mask = mask.to("meta")
+    with pytest.raises(PosencError, match=rf"^{arg}: expected .*(as q|on cpu)"):
+        attention(q, k, v, q_positions=torch.arange(3), k_positions=torch.arange(3), key_mask=mask, impl=impl,
+                  encoding=posenc.Rope(head_dim=4))
+
+
+@pytest.mark.parametrize("rope", [None, 8, "rope", posenc.ALiBi(2)])
+def test_rerotate_refuses_a_rope_that_is_not_a_rope(rope):
+    k = torch.randn(1, 2, 3, 8, generator=torch.Generator().manual_seed(0))
+    with pytest.raises(PosencError, match=r"^rope: expected a posenc.Rope"):
+        posenc.rerotate(rope, k, torch.arange(3), torch.arange(3) + 2)
+
+
+@pytest.mark.parametrize("inv_freq", [[1.0, 0.5, 0.25, 0.125], np.ones(4), torch.ones(()), torch.ones(4, dtype=torch.long),
+                                      torch.ones(1, 4)])
+def test_mrope_cos_sin_refuses_inverse_frequencies_that_are_not_a_1d_float_tensor(inv_freq):
+    with pytest.raises(PosencError, match=r"^inv_freq: expected a (floating-point|tensor of rank 1)"):
+        posenc.mrope_cos_sin(torch.zeros(3, 1, 5, dtype=torch.long), inv_freq, (2, 1, 1))
