@@ -91,3 +91,20 @@ def test_rerotate_refuses_a_rope_that_is_not_a_rope(rope):
 def test_mrope_cos_sin_refuses_inverse_frequencies_that_are_not_a_1d_float_tensor(inv_freq):
     with pytest.raises(PosencError, match=r"^inv_freq: expected a (floating-point|tensor of rank 1)"):
         posenc.mrope_cos_sin(torch.zeros(3, 1, 5, dtype=torch.long), inv_freq, (2, 1, 1))
+
+
+@pytest.mark.parametrize("arg, value", [("beta_fast", 1e308), ("beta_slow", 1e-320)])
+def test_yarn_betas_whose_turns_overflow_are_refused_by_name(arg, value):
+    with pytest.raises(PosencError, match=rf"^{arg}: expected a number of turns"):
+        posenc.Rope(head_dim=16, scaling=posenc.YaRN(4.0, 32, **{arg: value}))
+    cfg = {"model_type": "llama", "hidden_size": 64, "num_attention_heads": 4, "max_position_embeddings": 128,
+           "rope_scaling": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32, arg: value}}
+    with pytest.raises(PosencError, match=rf"^config\['rope_scaling'\]\['{arg}'\]: expected a number of turns"):
+        posenc.Rope.from_hf_config(cfg)
+
+
+@pytest.mark.parametrize("model_type", [["llama"], {"a": 1}, 3])
+def test_a_model_type_that_is_not_a_string_is_refused_by_name(model_type):
+    cfg = {"model_type": model_type, "hidden_size": 64, "num_attention_heads": 4, "max_position_embeddings": 128}
+    with pytest.raises(PosencError, match=r"^config\['model_type'\]: expected a string"):
+        posenc.Rope.from_hf_config(cfg)
