@@ -108,3 +108,37 @@ def test_a_model_type_that_is_not_a_string_is_refused_by_name(model_type):
     cfg = {"model_type": model_type, "hidden_size": 64, "num_attention_heads": 4, "max_position_embeddings": 128}
     with pytest.raises(PosencError, match=r"^config\['model_type'\]: expected a string"):
         posenc.Rope.from_hf_config(cfg)
+
+
+def _reserved_cache():
+    cache = posenc.KVCache(1, 2, 2, 12, 8, rope=posenc.Rope(head_dim=12), dtype=torch.float64)
+    return cache, cache.reserve(torch.tensor([[0, 1], [3, 4]]))
+
+
+@pytest.mark.parametrize("bad, arg", [
+    ({"k": torch.zeros(1, 2, 2, 12)}, "k"),  # another batch
+    ({"v": torch.zeros(2, 2, 3, 12)}, "v"),  # more tokens than slots
+    ({"k": torch.zeros(2, 2, 2, 10)}, "k"),  # another head width
+    ({"v": [0.0]}, "v"),
+    ({"slots": torch.tensor([[0, 5], [0, 1]])}, "slots"),  # slot 5 was never reserved
+    ({"slots": torch.tensor([[0, 1]])}, "slots"),
+    ({"slots": torch.tensor([[0.0, 1.0], [0.0, 1.0]])}, "slots"),
+])
+def test_kvcache_write_refuses_keys_values_and_slots_unlike_the_cache(bad, arg):
+    cache, slots = _reserved_cache()
+    g = torch.Generator().manual_seed(0)
+    args = {"k": torch.randn(2, 2, 2, 12, generator=g), "v": torch.randn(2, 2, 2, 12, generator=g), "slots": slots}
+    before = [x.clone() for x in (cache.k[0], cache.v[0])]
+    with pytest.raises(PosencError, match=rf"^{arg}: expected"):
+        cache.write(0, **(args | bad))
+    assert torch.equal(cache.k[0], before[0]) and torch.equal(cache.v[0], before[1])  # nothing written
+
+
+def test_kvcache_write_still_stores_the_rotated_keys_at_their_slots():
+    cache, slots = _reserved_cache()
+    g = torch.Generator().manual_seed(1)
+    k, v = torch.randn(2, 2, 2, 12, generator=g, dtype=torch.float64), torch.randn(2, 2, 2, 12, generator=g, dtype=torch.float64)
+    cache.write(0, k, v, slots)
+    rotated, _ = posenc.Rope(head_dim=12).apply(k, k, torch.tensor([[0, 1], [3, 4]]))
+    assert torch.equal(cache.v[0][:, :, :2], v)
+    assert torch.allclose(cache.k[0][:, :, :2], rotated, atol=1e-6, rtol=0)  # float32 rotation of float64 keys
