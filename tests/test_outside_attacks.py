@@ -142,3 +142,35 @@ def test_kvcache_write_still_stores_the_rotated_keys_at_their_slots():
     rotated, _ = posenc.Rope(head_dim=12).apply(k, k, torch.tensor([[0, 1], [3, 4]]))
     assert torch.equal(cache.v[0][:, :, :2], v)
     assert torch.allclose(cache.k[0][:, :, :2], rotated, atol=1e-6, rtol=0)  # float32 rotation of float64 keys
+
+
+M64 = 2**63 - 1
+OVERFLOWING = {  # name -> (call, argument); each wrapped p + 1 or p - q in int64 and returned a wrong result
+    "Decoder.position_ids": (lambda: _longrope_decoder()(torch.tensor([[1, 2]]), position_ids=torch.tensor([M64 - 1, M64])),
+                             "position_ids"),  # seq_len wrapped negative: short factors at position 2**63 - 1
+    "alibi_bias": (lambda: posenc.alibi_bias(4, torch.tensor([M64]), torch.tensor([-M64 - 1])), "q_positions"),
+    "t5_bucket": (lambda: posenc.t5_relative_position_bucket(torch.tensor([-M64 - 1, M64])), "relative_position"),
+    "rerotate": (lambda: posenc.rerotate(posenc.Rope(head_dim=8, scaling=posenc.DynamicNTK(2.0, 8)),
+                                         torch.ones(1, 1, 1, 8), torch.tensor([M64]), torch.tensor([0])), "old_positions"),
+    "Rope.cos_sin": (lambda: posenc.Rope(head_dim=8).cos_sin(torch.tensor([2**53 + 1])), "position_ids"),
+}
+
+
+def _longrope_decoder():
+    from test_decoder import config
+    return posenc.models.Decoder.from_hf_config(config("longrope", num_hidden_layers=1), seed=0).double()
+
+
+@pytest.mark.parametrize("name", OVERFLOWING)
+def test_positions_beyond_2_pow_53_are_refused_by_name(name):
+    call, arg = OVERFLOWING[name]
+    with pytest.raises(PosencError, match=rf"^{arg}: expected positions with \|p\| <= 2\*\*53"):
+        call()
+
+
+def test_positions_up_to_2_pow_53_are_still_accepted():
+    p = torch.tensor([[2**53 - 1, 2**53]])
+    cos, sin = posenc.Rope(head_dim=4).cos_sin(p)  # float32 angles, as checkpoints compute them
+    assert bool(((cos.double() ** 2 + sin.double() ** 2 - 1).abs() < 1e-6).all())  # a rotation, whatever the angle
+    logits = _longrope_decoder()(torch.tensor([[1, 2]]), position_ids=p)
+    assert logits.shape == (1, 2, 50) and bool(torch.isfinite(logits).all())

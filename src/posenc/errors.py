@@ -180,6 +180,7 @@ def integer(arg: str, value: Any, *, min: int | None = None, max: int | None = N
 
 
 _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
+MAX_POSITION = 2**53  # the largest |position| `positions` accepts
 
 
 def real(arg: str, value: Any, *, gt: float | None = None, ge: float | None = None, lt: float | None = None,
@@ -258,7 +259,7 @@ def positions(arg: str, x: Any, *, shapes: Sequence[Sequence[Any]] | None = None
         `x`, or `x.long()` when it was unsigned.
     Raises:
         PosencError: not a tensor, a float/bool/complex dtype, a shape outside `shapes`, another device,
-            or a negative value when not allowed.
+            a meta tensor, a negative value when not allowed, or |value| > 2**53 (`MAX_POSITION`).
     """
     if not isinstance(x, torch.Tensor):
         fail(arg, "an integer torch.Tensor", type(x))
@@ -274,9 +275,17 @@ def positions(arg: str, x: Any, *, shapes: Sequence[Sequence[Any]] | None = None
         fail(arg, "a tensor with values (not on the meta device)", Raw("a meta tensor"))
     if not x.dtype.is_signed:
         x = x.long()  # uint16/32/64 support no arithmetic in torch; a wrapped uint64 shows up as negative below
-    # one host sync, at the API boundary: a negative position is a bug (left padding) unless asked for
-    if check_values and not allow_negative and x.numel() and bool((x < 0).any()):
-        fail(arg, "positions >= 0" + (f" {negative_hint}" if negative_hint else ""), Raw(f"min {int(x.min())}"))
+    # one host sync, at the API boundary: a negative position is a bug (left padding) unless asked for, and
+    # a position beyond 2**53 is not exact in float64 and lets p + 1 or p - q overflow int64 (wrapping silently)
+    if check_values and x.numel():
+        wide = x.dtype == torch.int64  # narrower dtypes cannot exceed 2**53 (and would wrap the bound)
+        huge = ((x > MAX_POSITION) | (x < -MAX_POSITION)).any() if wide else torch.zeros((), dtype=torch.bool)
+        negative, huge = torch.stack(((x < 0).any(), huge.to(x.device))).tolist()
+        if negative and not allow_negative:
+            fail(arg, "positions >= 0" + (f" {negative_hint}" if negative_hint else ""), Raw(f"min {int(x.min())}"))
+        if huge:
+            fail(arg, "positions with |p| <= 2**53 (exact in float64; p + 1 and p - q stay within int64)",
+                 Raw(f"values in [{int(x.min())}, {int(x.max())}]"))
     return x
 
 
