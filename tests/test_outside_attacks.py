@@ -174,3 +174,10 @@ def test_positions_up_to_2_pow_53_are_still_accepted():
     assert bool(((cos.double() ** 2 + sin.double() ** 2 - 1).abs() < 1e-6).all())  # a rotation, whatever the angle
     logits = _longrope_decoder()(torch.tensor([[1, 2]]), position_ids=p)
     assert logits.shape == (1, 2, 50) and bool(torch.isfinite(logits).all())
+
+
+@pytest.mark.parametrize("args, arg", [((HUGE, 2, 0), "seq_len"), ((8, HUGE, 0), "cp_size"), ((8, 2, HUGE), "cp_rank")])
+def test_shard_positions_refuses_integers_beyond_int64_by_name(args, arg):
+    from posenc.distributed import shard_positions
+    with pytest.raises(PosencError, match=rf"^{arg}: expected"):
+        shard_positions(*args)
