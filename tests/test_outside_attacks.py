@@ -181,3 +181,16 @@ def test_shard_positions_refuses_integers_beyond_int64_by_name(args, arg):
     from posenc.distributed import shard_positions
     with pytest.raises(PosencError, match=rf"^{arg}: expected"):
         shard_positions(*args)
+
+
+@pytest.mark.parametrize("seed", ["x", HUGE, True, 1.5])
+def test_decoder_seed_that_is_not_an_integer_is_refused_by_name(seed):
+    from test_decoder import config
+    with pytest.raises(PosencError, match=r"^seed: expected None or an integer"):
+        posenc.models.Decoder.from_hf_config(config("default", num_hidden_layers=1), seed=seed)
+
+
+def test_decoder_from_hf_config_names_the_config_key_of_a_bad_kv_head_count():
+    from test_decoder import config
+    with pytest.raises(PosencError, match=r"^config\['num_key_value_heads'\]: expected a divisor of num_heads=4, got 3"):
+        posenc.models.Decoder.from_hf_config(config("default", num_hidden_layers=1, num_key_value_heads=3))
