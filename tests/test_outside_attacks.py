@@ -26,11 +26,16 @@ TOO_BIG = {  # name -> (call, the argument the message must name)
 }
 
 
+def _refused(table, name, expected):
+    """Call `table[name]`'s function; it must raise a PosencError naming its argument, then `expected`."""
+    call, arg = table[name]
+    with pytest.raises(PosencError, match=rf"^{arg}: expected {expected}"):
+        call()
+
+
 @pytest.mark.parametrize("name", TOO_BIG)
 def test_integers_beyond_int64_are_refused_by_name(name):
-    call, arg = TOO_BIG[name]
-    with pytest.raises(PosencError, match=rf"^{arg}: expected .*fits in int64"):
-        call()
+    _refused(TOO_BIG, name, ".*fits in int64")
 
 
 def test_the_int64_bound_is_inclusive_and_numpy_integers_pass():
@@ -54,9 +59,7 @@ NO_VALUES = {  # name -> (call, argument): positions and ids are read, a meta te
 
 @pytest.mark.parametrize("name", NO_VALUES)
 def test_meta_tensors_where_values_are_needed_are_refused_by_name(name):
-    call, arg = NO_VALUES[name]
-    with pytest.raises(PosencError, match=rf"^{arg}: expected a tensor with values \(not on the meta device\)"):
-        call()
+    _refused(NO_VALUES, name, r"a tensor with values \(not on the meta device\)")
 
 
 @pytest.mark.parametrize("impl", ["eager", "sdpa"])
@@ -163,9 +166,7 @@ def _longrope_decoder():
 
 @pytest.mark.parametrize("name", OVERFLOWING)
 def test_positions_beyond_2_pow_53_are_refused_by_name(name):
-    call, arg = OVERFLOWING[name]
-    with pytest.raises(PosencError, match=rf"^{arg}: expected positions with \|p\| <= 2\*\*53"):
-        call()
+    _refused(OVERFLOWING, name, r"positions with \|p\| <= 2\*\*53")
 
 
 def test_positions_up_to_2_pow_53_are_still_accepted():
