@@ -195,3 +195,8 @@ def test_decoder_from_hf_config_names_the_config_key_of_a_bad_kv_head_count():
     from test_decoder import config
     with pytest.raises(PosencError, match=r"^config\['num_key_value_heads'\]: expected a divisor of num_heads=4, got 3"):
         posenc.models.Decoder.from_hf_config(config("default", num_hidden_layers=1, num_key_value_heads=3))
+
+
+def test_mrope_cos_sin_refuses_positions_on_another_device_than_the_frequencies():
+    with pytest.raises(PosencError, match=r"^position_ids: expected a tensor on meta"):
+        posenc.mrope_cos_sin(torch.zeros(3, 1, 5, dtype=torch.long), torch.ones(4, device="meta"), (2, 1, 1))
