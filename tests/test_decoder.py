@@ -274,7 +274,7 @@ def test_from_hf_config_seeds_dtypes_and_errors():
         ({k: v for k, v in BASE.items() if k != "vocab_size"}, r"config\['vocab_size'\]"),
         (BASE | {"hidden_act": "gelu"}, "hidden_act"),
         (BASE | {"sliding_window": 0}, "sliding_window"),
-        (BASE | {"num_key_value_heads": 3}, "num_kv_heads"),
+        (BASE | {"num_key_value_heads": 3}, r"^config\['num_key_value_heads'\]: expected a divisor"),
         (BASE | {"rope_scaling": {"rope_type": "linear"}}, "factor"),
         (BASE | {"tie_word_embeddings": "yes"}, "tie_word_embeddings"),
     ]:

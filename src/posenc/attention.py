@@ -85,8 +85,9 @@ def check_inputs(q, k, v, q_positions, k_positions, key_mask=None, scale=None, w
     Raises:
         PosencError: as `attention` (shapes, GQA heads, window, scale, positions, key_mask).
     """
-    for name, x in (("q", q), ("k", k), ("v", v)):
-        check_float_tensor(name, x, ndim=(4,))
+    check_float_tensor("q", q, ndim=(4,))
+    for name, x in (("k", k), ("v", v)):
+        check_float_tensor(name, x, ndim=(4,), like=("q", q))
     b, hq, tq, d = q.shape
     if k.shape[0] != b or k.shape[-1] != d:
         fail("k", f"shape [b={b}, hk, tk, d={d}] (as q {tuple(q.shape)})", k)
@@ -101,8 +102,9 @@ def check_inputs(q, k, v, q_positions, k_positions, key_mask=None, scale=None, w
     q_pos = batch_positions("q_positions", q_positions, b, tq, device=q.device)  # [b, tq]
     k_pos = batch_positions("k_positions", k_positions, b, tk, device=q.device)  # [b, tk]
     if key_mask is not None:
-        if not isinstance(key_mask, torch.Tensor) or key_mask.dtype != torch.bool or key_mask.shape != (b, tk):
-            fail("key_mask", f"a bool tensor of shape [{b}, {tk}] (True = attend)", key_mask)
+        if not isinstance(key_mask, torch.Tensor) or key_mask.dtype != torch.bool or key_mask.shape != (b, tk) \
+                or key_mask.device != q.device:
+            fail("key_mask", f"a bool tensor of shape [{b}, {tk}] on {q.device} (True = attend)", key_mask)
     return q_pos, k_pos, scale
 
 

@@ -34,7 +34,8 @@ from typing import Any
 
 import torch
 
-from .errors import Raw, boolean, choice, fail, integer, integer_tensor, positions as check_positions
+from .errors import (Raw, boolean, check_float_tensor, choice, fail, integer, integer_tensor,
+                     positions as check_positions)
 from .rope.apply import apply_rope
 from .rope.rerotate import rerotation_tables, row_tables, stored_pairing
 from .rope.spec import Rope
@@ -231,8 +232,12 @@ class KVCache:
             slots: `[b, t]` from `reserve`.
             cos, sin: `[b, t, r/2]` tables of the new positions (default: `row_tables` at `table_len`).
             index: `write_index(slots)`, computed once per forward and shared by the layers (default: computed here).
+        Raises:
+            PosencError: k, v or slots of other shapes than this cache's rows and heads, slots not reserved
+                (checked when `index` is None: the decoder's own slots come from `reserve`).
         """
         layer = self._layer(layer)
+        self._check_write(k, v, slots, values=index is None)
         if self.store == "rotated" and self.rope is not None:
             if cos is None or sin is None:
                 cos, sin = self.tables(self.positions.gather(1, slots.clamp(min=0)))
@@ -257,6 +262,20 @@ class KVCache:
             return None, None, slots[0]
         rows, cols = (slots >= 0).nonzero(as_tuple=True)
         return rows, cols, slots[rows, cols]
+
+    def _check_write(self, k: Any, v: Any, slots: Any, values: bool) -> None:
+        """Shapes always (no host sync); slot values (one sync) when `values`."""
+        b, hk, _, d = self.k[0].shape
+        slots = integer_tensor("slots", slots, ndim=(2,), what=f"an integer tensor [b={b}, t] from reserve")
+        t = slots.shape[1]
+        for arg, x, width in (("k", k, d), ("v", v, self.v[0].shape[-1])):
+            check_float_tensor(arg, x, ndim=(4,))
+            if tuple(x.shape) != (b, hk, t, width) or x.device != self.k[0].device:
+                fail(arg, f"shape [{b}, {hk}, {t}, {width}] on {self.k[0].device} (rows, heads, slots' tokens, "
+                     "channels)", x)
+        if slots.shape[0] != b or (values and bool(((slots < -1) | (slots >= self.lengths[:, None])).any())):
+            fail("slots", f"[b={b}, t] slots from reserve (-1, or below each row's length {self.lengths.tolist()})",
+                 slots)
 
     # ---------------------------------------------------------------- reading
     def tables(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

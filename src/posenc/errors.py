@@ -174,7 +174,13 @@ def integer(arg: str, value: Any, *, min: int | None = None, max: int | None = N
         fail(arg, what, value)
     if (min is not None and value < min) or (max is not None and value > max):
         fail(arg, what, value)
+    if not _INT64_MIN <= value <= _INT64_MAX:  # every size, id and position ends up in an int64 tensor
+        fail(arg, f"{what} that fits in int64 (|value| < 2**63)", value)
     return int(value)
+
+
+_INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
+MAX_POSITION = 2**53  # the largest |position| `positions` accepts
 
 
 def real(arg: str, value: Any, *, gt: float | None = None, ge: float | None = None, lt: float | None = None,
@@ -253,7 +259,7 @@ def positions(arg: str, x: Any, *, shapes: Sequence[Sequence[Any]] | None = None
         `x`, or `x.long()` when it was unsigned.
     Raises:
         PosencError: not a tensor, a float/bool/complex dtype, a shape outside `shapes`, another device,
-            or a negative value when not allowed.
+            a meta tensor, a negative value when not allowed, or |value| > 2**53 (`MAX_POSITION`).
     """
     if not isinstance(x, torch.Tensor):
         fail(arg, "an integer torch.Tensor", type(x))
@@ -265,11 +271,21 @@ def positions(arg: str, x: Any, *, shapes: Sequence[Sequence[Any]] | None = None
         fail(arg, "shape " + (", ".join(texts[:-1]) + " or " if len(texts) > 1 else "") + texts[-1], x)
     if device is not None and x.device != torch.device(device):
         fail(arg, f"a tensor on {torch.device(device)} (the device of the tensors it positions)", Raw(f"one on {x.device}"))
+    if check_values and x.is_meta:  # positions are values: a meta tensor has none to read
+        fail(arg, "a tensor with values (not on the meta device)", Raw("a meta tensor"))
     if not x.dtype.is_signed:
         x = x.long()  # uint16/32/64 support no arithmetic in torch; a wrapped uint64 shows up as negative below
-    # one host sync, at the API boundary: a negative position is a bug (left padding) unless asked for
-    if check_values and not allow_negative and x.numel() and bool((x < 0).any()):
-        fail(arg, "positions >= 0" + (f" {negative_hint}" if negative_hint else ""), Raw(f"min {int(x.min())}"))
+    # one host sync, at the API boundary: a negative position is a bug (left padding) unless asked for, and
+    # a position beyond 2**53 is not exact in float64 and lets p + 1 or p - q overflow int64 (wrapping silently)
+    if check_values and x.numel():
+        wide = x.dtype == torch.int64  # narrower dtypes cannot exceed 2**53 (and would wrap the bound)
+        huge = ((x > MAX_POSITION) | (x < -MAX_POSITION)).any() if wide else torch.zeros((), dtype=torch.bool)
+        negative, huge = torch.stack(((x < 0).any(), huge.to(x.device))).tolist()
+        if negative and not allow_negative:
+            fail(arg, "positions >= 0" + (f" {negative_hint}" if negative_hint else ""), Raw(f"min {int(x.min())}"))
+        if huge:
+            fail(arg, "positions with |p| <= 2**53 (exact in float64; p + 1 and p - q stay within int64)",
+                 Raw(f"values in [{int(x.min())}, {int(x.max())}]"))
     return x
 
 
@@ -285,6 +301,8 @@ def integer_tensor(arg: str, x: Any, *, ndim: tuple[int, ...] | None = None, wha
         fail(arg, what, x)
     if ndim is not None and x.ndim not in ndim:
         fail(arg, what, x)
+    if x.is_meta:  # counts and ids are values: a meta tensor has none to read
+        fail(arg, "a tensor with values (not on the meta device)", Raw("a meta tensor"))
     return x.long()
 
 
@@ -311,12 +329,19 @@ def batch_positions(arg: str, x: Any, batch: int, tokens: int, *, allow_negative
     return (x[None] if x.ndim == 1 else x).expand(batch, tokens).contiguous()  # [b, t]
 
 
-def check_float_tensor(arg: str, x: Any, *, ndim: tuple[int, ...] | None = None) -> torch.Tensor:
-    """Check that `x` is a floating-point tensor, optionally of one of the given ranks."""
+def check_float_tensor(arg: str, x: Any, *, ndim: tuple[int, ...] | None = None,
+                       like: tuple[str, torch.Tensor] | None = None) -> torch.Tensor:
+    """Check that `x` is a floating-point tensor, optionally of one of the given ranks.
+
+    `like=(name, other)` also requires `other`'s device and dtype (k and v beside q).
+    """
     if not isinstance(x, torch.Tensor):
         fail(arg, "a floating-point torch.Tensor", type(x))
     if not x.dtype.is_floating_point:
         fail(arg, "a floating-point dtype (float32, bfloat16, float16 or float64)", x)
     if ndim is not None and x.ndim not in ndim:
         fail(arg, f"a tensor of rank {' or '.join(map(str, ndim))}", x)
+    if like is not None and (x.device, x.dtype) != (like[1].device, like[1].dtype):
+        fail(arg, f"a tensor on {like[1].device} of dtype {like[1].dtype} (as {like[0]})",
+             Raw(f"one on {x.device} of dtype {x.dtype}"))
     return x

@@ -21,13 +21,12 @@ local indices.
 
 from __future__ import annotations
 
-import numbers
 from typing import Any, NamedTuple, Sequence
 
 import torch
 
 from ..bias.alibi import alibi_head_slice
-from ..errors import Raw, fail
+from ..errors import Raw, choice, fail, integer
 
 __all__ = ["LAYOUTS", "shard_positions", "shard", "unshard_index", "unshard", "VarlenShard", "shard_varlen",
            "head_slice"]
@@ -36,20 +35,18 @@ LAYOUTS = ("zigzag", "contiguous")
 
 
 def _check_grid(cp_size: Any, cp_rank: Any, layout: Any) -> None:
-    if isinstance(cp_size, bool) or not isinstance(cp_size, numbers.Integral) or cp_size < 1:
-        fail("cp_size", "a positive integer", cp_size)
-    if isinstance(cp_rank, bool) or not isinstance(cp_rank, numbers.Integral) or not 0 <= cp_rank < cp_size:
-        fail("cp_rank", f"an integer in [0, cp_size={cp_size})", cp_rank)
-    if layout not in LAYOUTS:
-        fail("layout", f"one of {LAYOUTS}", layout)
+    cp_size = integer("cp_size", cp_size, min=1)
+    integer("cp_rank", cp_rank, min=0, max=cp_size - 1, what=f"an integer in [0, cp_size={cp_size})")
+    choice("layout", layout, LAYOUTS)
 
 
 def _chunks(seq_len: Any, cp_size: int, layout: str, arg: str = "seq_len") -> int:
     """The number of equal chunks `seq_len` is cut into (W contiguous, 2W zigzag), after checking it divides."""
     n = 2 * cp_size if layout == "zigzag" else cp_size
-    if isinstance(seq_len, bool) or not isinstance(seq_len, numbers.Integral) or seq_len < 0 or seq_len % n:
+    what = f"a non-negative multiple of {n} ({layout} layout over cp_size={cp_size})"
+    if integer(arg, seq_len, min=0, what=what) % n:
         # PyTorch silently falls back to no balancing here; posenc refuses, so positions never disagree.
-        fail(arg, f"a non-negative multiple of {n} ({layout} layout over cp_size={cp_size})", seq_len)
+        fail(arg, what, seq_len)
     return n
 
 

@@ -116,7 +116,7 @@ def convention(cfg: Mapping[str, Any]) -> Convention:
 def config_to_dict(config: Any) -> dict[str, Any]:
     """A plain dict from a config.json dict or a transformers `PretrainedConfig`."""
     if isinstance(config, Mapping):
-        return dict(config)
+        return _checked_type(dict(config))
     to_dict = getattr(config, "to_dict", None)
     if config is None or not callable(to_dict):
         fail("config", "a config.json dict or a transformers PretrainedConfig", type(config))
@@ -124,7 +124,14 @@ def config_to_dict(config: Any) -> dict[str, Any]:
     for key in ("head_dim", "rope_parameters", "model_type"):  # properties to_dict() may not serialise
         if key not in out and getattr(config, key, None) is not None:
             out[key] = getattr(config, key)
-    return out
+    return _checked_type(out)
+
+
+def _checked_type(cfg: dict[str, Any]) -> dict[str, Any]:
+    """`cfg`, after checking its `model_type` (looked up in tables, so it must be a string) if it has one."""
+    if cfg.get("model_type") is not None and not isinstance(cfg["model_type"], str):
+        fail("config['model_type']", "a string such as 'llama'", cfg["model_type"])
+    return cfg
 
 
 def text_config(cfg: dict[str, Any]) -> dict[str, Any]:

@@ -42,6 +42,9 @@ from .layers import DecoderLayer, RMSNorm, Step
 __all__ = ["Decoder"]
 
 
+_CONFIG_KEYS = {"num_kv_heads": "config['num_key_value_heads']", "hidden_size": "config['hidden_size']"}
+
+
 class Decoder(nn.Module):
     """Llama-style decoder (RMSNorm, GQA attention with a pluggable positional scheme, SwiGLU MLP).
 
@@ -148,7 +151,8 @@ class Decoder(nn.Module):
         sizes = decoder_sizes(cfg)
         if encoding is None:
             encoding = Rope.from_hf_config(cfg)
-        with torch.random.fork_rng(devices=[]):
+        seed = None if seed is None else integer("seed", seed, what="None or an integer")
+        with torch.random.fork_rng(devices=[]), rename(_CONFIG_KEYS):  # the constructor's checks, as config keys
             if seed is not None:
                 torch.manual_seed(seed)
             model = cls(**sizes, encoding=encoding, attn_impl=attn_impl)

@@ -23,7 +23,7 @@ from typing import Sequence
 
 import torch
 
-from ..errors import fail, integer, positions
+from ..errors import check_float_tensor, fail, integer, positions
 from . import tables
 
 __all__ = ["mrope_axis_map", "gather_axes", "mrope_cos_sin", "check_sections"]
@@ -96,7 +96,9 @@ def mrope_cos_sin(
         >>> cos.shape, float(cos.min()), float(sin.abs().max())
         (torch.Size([1, 5, 4]), 1.0, 0.0)
     """
-    position_ids = positions("position_ids", position_ids, shapes=[(3, "b", "t"), (3, "t")], allow_negative=True)
+    check_float_tensor("inv_freq", inv_freq, ndim=(1,))
+    position_ids = positions("position_ids", position_ids, shapes=[(3, "b", "t"), (3, "t")], allow_negative=True,
+                             device=inv_freq.device)
     axis_map = mrope_axis_map(sections, interleaved)  # [r/2]
     if inv_freq.ndim != 1 or axis_map.numel() != inv_freq.numel():
         fail("sections", f"sections summing to r/2 = {inv_freq.shape[-1]} (one per inverse frequency)", list(sections))

@@ -88,9 +88,11 @@ def rerotate(
     Returns:
         `[b, h, t, d]` keys in k's dtype (the map is applied in float64 for float64 keys, else float32).
     Raises:
-        PosencError: keys that are not `[b, h, t, head_dim]` floats, positions that are not integer `[t]` or
+        PosencError: a `rope` that is not a Rope, keys that are not `[b, h, t, head_dim]` floats, positions that are not integer `[t]` or
             `[b, t]` (b of k, or 1) on k's device, negative positions.
     """
+    if not isinstance(rope, Rope):
+        fail("rope", "a posenc.Rope (the embedding the keys were rotated with)", type(rope))
     check_float_tensor("k", k, ndim=(4,))
     if k.shape[-1] != rope.head_dim:  # a narrower key would be half-rotated with the wrong pairs
         fail("k", f"last dim = head_dim = {rope.head_dim} (the Rope's)", k)

@@ -196,10 +196,13 @@ class YaRN:
     def correction_range(self, base: float, dim: int) -> tuple[float, float]:
         """The channel range `(low, high)` over which the ramp goes from extrapolation to interpolation."""
 
-        def correction_dim(turns: float) -> float:
-            return (dim * math.log(self.original_max_positions / (turns * 2 * math.pi))) / (2 * math.log(base))
+        def correction_dim(arg: str, turns: float) -> float:
+            ratio = self.original_max_positions / (turns * 2 * math.pi)
+            if not 0 < ratio < math.inf:  # log(0) or log(inf): a beta too large or too small for float64
+                fail(arg, f"a number of turns with 0 < original_max_position_embeddings / (2 pi {arg}) < inf", turns)
+            return (dim * math.log(ratio)) / (2 * math.log(base))
 
-        low, high = correction_dim(self.beta_fast), correction_dim(self.beta_slow)
+        low, high = correction_dim("beta_fast", self.beta_fast), correction_dim("beta_slow", self.beta_slow)
         if self.truncate:
             low, high = math.floor(low), math.ceil(high)
         return max(low, 0), min(high, dim - 1)
