@@ -277,7 +277,7 @@ def positions(arg: str, x: Any, *, shapes: Sequence[Sequence[Any]] | None = None
         x = x.long()  # uint16/32/64 support no arithmetic in torch; a wrapped uint64 shows up as negative below
     # one host sync, at the API boundary: a negative position is a bug (left padding) unless asked for, and
     # a position beyond 2**53 is not exact in float64 and lets p + 1 or p - q overflow int64 (wrapping silently)
-    if check_values and x.numel():
+    if check_values and x.numel() and not torch.compiler.is_compiling():  # traced code cannot sync
         wide = x.dtype == torch.int64  # narrower dtypes cannot exceed 2**53 (and would wrap the bound)
         huge = ((x > MAX_POSITION) | (x < -MAX_POSITION)).any() if wide else torch.zeros((), dtype=torch.bool)
         negative, huge = torch.stack(((x < 0).any(), huge.to(x.device))).tolist()
