@@ -26,7 +26,7 @@ import torch
 
 from ..errors import Raw, fail
 
-__all__ = ["available", "rotate", "DTYPES", "PAIRING_CODES"]
+__all__ = ["available", "rotate", "pack", "call", "DTYPES", "PAIRING_CODES"]
 
 PAIRING_CODES = {"split_half": 0, "interleaved": 1, "interleaved_to_split_half": 2}
 DTYPES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2, torch.float64: 3}
@@ -86,6 +86,8 @@ def _library() -> ctypes.CDLL | str:
     f.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 21 + [ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p,
                                                                   ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p,
                                                                   ctypes.c_int64, ctypes.c_int]
+    lib.posenc_rope_packed.restype = ctypes.c_int64
+    lib.posenc_rope_packed.argtypes = [ctypes.c_void_p]
     lib.posenc_has_f16.restype = ctypes.c_int
     return lib
 
@@ -108,6 +110,35 @@ def require(dtype: torch.dtype) -> ctypes.CDLL:
     return lib
 
 
+_Args = ctypes.c_int64 * 33  # posenc_rope_flat's arguments; slots 0-3: q, q_out, k, k_out; 30: rows
+
+
+def pack(
+    q: torch.Tensor, k: torch.Tensor | None, q_out: torch.Tensor, k_out: torch.Tensor | None,
+    cos: torch.Tensor, sin: torch.Tensor, rows: torch.Tensor, pairing: str,
+) -> ctypes.Array:
+    """The kernel's arguments for these tensors as one int64 array (see `rotate` for the arguments).
+
+    A caller may keep the array and rewrite only the data pointers in slots 0-3 (q, q_out, k, k_out)
+    and 30 (rows) for tensors of the same shapes and strides; cos and sin must stay alive meanwhile.
+    """
+    if k is None:
+        k_args = (0, 0, 0, *q.stride(), *q.stride())
+    else:
+        k_args = (k.data_ptr(), k_out.data_ptr(), k.shape[1], *k.stride(), *k_out.stride())
+    b, hq, t, d = q.shape
+    return _Args(q.data_ptr(), q_out.data_ptr(), k_args[0], k_args[1], b, hq, k_args[2], t, d, *q.stride(),
+                 *q_out.stride(), *k_args[3:], DTYPES[q.dtype], cos.data_ptr(), sin.data_ptr(), cos.shape[0],
+                 cos.shape[1], rows.data_ptr(), rows.shape[-1] if rows.ndim == 2 and rows.shape[0] > 1 else 0,
+                 PAIRING_CODES[pairing])
+
+
+def call(args: ctypes.Array, dtype: torch.dtype) -> int:
+    """Run the kernel on packed arguments (`pack`); returns as `rotate`."""
+    lib = _READY.get(dtype) or _READY.setdefault(dtype, require(dtype))  # checked once per dtype
+    return lib.posenc_rope_packed(ctypes.addressof(args))
+
+
 def rotate(
     q: torch.Tensor, k: torch.Tensor | None, q_out: torch.Tensor, k_out: torch.Tensor | None,
     cos: torch.Tensor, sin: torch.Tensor, rows: torch.Tensor, pairing: str,
@@ -123,15 +154,7 @@ def rotate(
         0 when done; otherwise nothing was written and the value says why: < 0, the most negative row;
         > 0, the table length the rows need.
     """
-    lib = _READY.get(q.dtype) or _READY.setdefault(q.dtype, require(q.dtype))  # checked once per dtype
     if rows.numel() == 0:  # no tokens or no batch rows: nothing to do (and no row to read)
+        require(q.dtype)
         return 0
-    if k is None:
-        k_args = (None, None, 0, *q.stride(), *q.stride())
-    else:
-        k_args = (k.data_ptr(), k_out.data_ptr(), k.shape[1], *k.stride(), *k_out.stride())
-    b, hq, t, d = q.shape
-    return lib.posenc_rope_flat(q.data_ptr(), q_out.data_ptr(), k_args[0], k_args[1], b, hq, k_args[2], t, d,
-                                *q.stride(), *q_out.stride(), *k_args[3:], DTYPES[q.dtype], cos.data_ptr(),
-                                sin.data_ptr(), cos.shape[0], cos.shape[1], rows.data_ptr(),
-                                rows.shape[-1] if rows.ndim == 2 and rows.shape[0] > 1 else 0, PAIRING_CODES[pairing])
+    return call(pack(q, k, q_out, k_out, cos, sin, rows, pairing), q.dtype)

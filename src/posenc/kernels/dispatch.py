@@ -10,6 +10,7 @@ where an element sits in the tensor; tests/test_kernels.py checks it).
 from __future__ import annotations
 
 import os
+import threading
 from typing import TYPE_CHECKING
 
 import torch
@@ -21,11 +22,13 @@ from . import IMPLS
 if TYPE_CHECKING:
     from ..rope.spec import Rope
 
-__all__ = ["resolve_impl", "rope_apply", "table_rows"]
+__all__ = ["resolve_impl", "rope_apply", "table_rows", "fast_key", "fast_apply"]
 
 _TABLES: dict = {}  # (rope, precision, seq_len, device) -> (cos, sin), each [n, r/2] float32
 _MAX_TABLES = 16
 _CPU_OK: dict = {}  # dtype -> whether the C kernel runs it (built once per process)
+_FAST = threading.local()  # .calls: {fast_key: (packed kernel arguments, dtype, cos, sin)}, per thread
+_MAX_FAST = 64
 _MAX_TABLE_ROWS = 1 << 20  # beyond this, per-call tables (a [2**20, 64] pair of tables is 512 MiB)
 
 
@@ -110,6 +113,54 @@ def table_rows(rope: "Rope", n: int, precision: str, seq_len: int | None, device
     return cos, sin
 
 
+def fast_key(rope: "Rope", q, k, position_ids, inplace: bool, layout, seq_len, precision, allow_negative,
+             compute_dtype, impl):
+    """The key under which a repeated `Rope.apply(_)` call may skip its checks, or None when it may not.
+
+    A key holds everything the checks and the kernel's arguments depend on except the data: the Rope,
+    the options and the shapes, strides, dtypes and devices of q, k and the positions. `rope_apply`
+    records the packed kernel arguments under it after a checked call ran the C kernel; `fast_apply`
+    then only rewrites the data pointers (the decode hot path: ~1 us instead of ~9 us of Python).
+    """
+    if (seq_len is not None or compute_dtype is not None or type(allow_negative) is not bool
+            or type(layout) is not str or type(precision) is not str or (impl is not None and impl != "cpu")
+            or type(q) is not torch.Tensor or type(k) is not torch.Tensor or type(position_ids) is not torch.Tensor
+            or position_ids.dtype != torch.int64 or _compiling()
+            or (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad))):
+        return None
+    return (rope, inplace, layout, precision, allow_negative, impl, q.shape, q.stride(), q.dtype, q.device,
+            k.shape, k.stride(), k.dtype, position_ids.shape, position_ids.stride(), position_ids.dtype, position_ids.device)
+
+
+def fast_apply(key, q: torch.Tensor, k: torch.Tensor, position_ids: torch.Tensor, inplace: bool):
+    """`(q_rotated, k_rotated)` through the kernel arguments recorded under `key`, or None (not recorded,
+    or the kernel declined these positions: nothing was written, the checked path takes over)."""
+    calls = getattr(_FAST, "calls", None)
+    entry = calls.get(key) if calls is not None else None
+    if entry is None:
+        return None
+    from . import cpu
+
+    args = entry[0]
+    q_out, k_out = (q, k) if inplace else (torch.empty_like(q), torch.empty_like(k))  # strides as recorded
+    args[0], args[1], args[2], args[3] = q.data_ptr(), q_out.data_ptr(), k.data_ptr(), k_out.data_ptr()
+    args[30] = position_ids.data_ptr()
+    if cpu.call(args, entry[1]) != 0:
+        del calls[key]  # e.g. a position beyond the table: recorded again once the table has grown
+        return None
+    return q_out, k_out
+
+
+def _remember(key, args, dtype: torch.dtype, cos: torch.Tensor, sin: torch.Tensor) -> None:
+    """Record packed kernel arguments under `key` for `fast_apply` (holding the tables they point to)."""
+    calls = getattr(_FAST, "calls", None)
+    if calls is None:
+        calls = _FAST.calls = {}
+    if len(calls) >= _MAX_FAST:
+        calls.pop(next(iter(calls)))
+    calls[key] = (args, dtype, cos, sin)
+
+
 def _view4(x: torch.Tensor, layout: str) -> torch.Tensor:
     """`x` as a `[b, h, t, d]` view (no copy) from any supported layout."""
     if layout == "bthd":
@@ -130,8 +181,11 @@ def _per_call_tables(rope: "Rope", position_ids: torch.Tensor, seq_len, precisio
     return cos.reshape(-1, cos.shape[-1]), sin.reshape(-1, sin.shape[-1]), rows  # [n, r/2]
 
 
-def _cpu_cached(rope, q4, k4, qo4, ko4, position_ids, seq_len, precision, allow_negative) -> bool:
-    """Eager CPU fast path on the cached table; False when these positions need per-call tables."""
+def _cpu_cached(rope, q4, k4, qo4, ko4, position_ids, seq_len, precision, allow_negative, memo=None) -> bool:
+    """Eager CPU fast path on the cached table; False when these positions need per-call tables.
+
+    `memo`: a `fast_key` under which to record the kernel's arguments when it ran on these very positions.
+    """
     from . import cpu
 
     if position_ids.device.type != "cpu":
@@ -144,6 +198,8 @@ def _cpu_cached(rope, q4, k4, qo4, ko4, position_ids, seq_len, precision, allow_
     for _ in range(2):  # the second try runs on a table grown to cover every row
         ret = cpu.rotate(q4, k4, qo4, ko4, cos, sin, rows, rope.pairing)
         if ret == 0:
+            if memo is not None and k4 is not None and rows is position_ids and rows.numel():
+                _remember(memo, cpu.pack(q4, k4, qo4, ko4, cos, sin, rows, rope.pairing), q4.dtype, cos, sin)
             return True
         if ret < 0 or ret > _MAX_TABLE_ROWS:
             break
@@ -155,8 +211,10 @@ def _cpu_cached(rope, q4, k4, qo4, ko4, position_ids, seq_len, precision, allow_
 
 def rope_apply(rope: "Rope", q: torch.Tensor, k: torch.Tensor | None, position_ids: torch.Tensor, *, inplace: bool,
                impl: str | None, layout: str, seq_len: int | None, precision: str, allow_negative: bool,
-               compute_dtype: torch.dtype | None):
+               compute_dtype: torch.dtype | None, memo=None):
     """Rotate q (and k) with the chosen implementation; the arguments are `Rope.apply`'s, already checked.
+
+    `memo`: the call's `fast_key` (or None), under which the CPU kernel's arguments are recorded.
 
     Returns:
         `(q_rotated, k_rotated)` (k_rotated None when k is None): q and k themselves when `inplace`.
@@ -188,7 +246,7 @@ def rope_apply(rope: "Rope", q: torch.Tensor, k: torch.Tensor | None, position_i
         outs = xs if inplace else [torch.empty_like(x) for x in xs]
         k_out = _view4(outs[1], layout) if k is not None else None
         if _cpu_cached(rope, q4, k4 if k is not None else None, _view4(outs[0], layout), k_out, position_ids,
-                       seq_len, precision, allow_negative):
+                       seq_len, precision, allow_negative, memo):
             return outs[0], outs[1] if k is not None else None
 
     cos, sin, rows = _per_call_tables(rope, position_ids, seq_len, precision, allow_negative)

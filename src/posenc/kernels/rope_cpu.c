@@ -218,3 +218,13 @@ int64_t posenc_rope_flat(void *q_x, void *q_out, void *k_x, void *k_out, int64_t
     Tensor4 k = {k_x, k_out, B, HK, T, D, {ks0, ks1, ks2, ks3}, {kos0, kos1, kos2, kos3}};
     return posenc_rope(&q, k_x ? &k : 0, dtype, cos, sin, n_rows, half, rows, rows_b, pairing);
 }
+
+/* The same arguments packed in one int64 array, in posenc_rope_flat's order (pointers as integers): a
+ * caller that keeps the array between calls rewrites only the data pointers (ctypes converts one
+ * argument instead of 33, ~2.5 us less per decode call). */
+int64_t posenc_rope_packed(const int64_t *a) {
+    return posenc_rope_flat((void *)a[0], (void *)a[1], (void *)a[2], (void *)a[3], a[4], a[5], a[6], a[7], a[8],
+                            a[9], a[10], a[11], a[12], a[13], a[14], a[15], a[16], a[17], a[18], a[19], a[20], a[21],
+                            a[22], a[23], a[24], (int)a[25], (const float *)a[26], (const float *)a[27], a[28], a[29],
+                            (const int64_t *)a[30], a[31], (int)a[32]);
+}

@@ -17,7 +17,7 @@ import torch
 
 from ..errors import boolean, check_float_tensor, choice, fail, integer, positions, real
 from . import tables
-from ..kernels.dispatch import rope_apply
+from ..kernels.dispatch import fast_apply, fast_key, rope_apply
 from .apply import LAYOUTS, PAIRINGS
 from .mrope import check_sections, mrope_axis_map, mrope_cos_sin
 from .scaling import Default, Scaling, check_base, check_seq_len
@@ -222,6 +222,11 @@ class Rope:
 
     def _apply(self, q, k, position_ids, inplace, *, layout="bhtd", seq_len=None, precision="float32",
                allow_negative=False, compute_dtype=None, impl=None):
+        key = fast_key(self, q, k, position_ids, inplace, layout, seq_len, precision, allow_negative, compute_dtype, impl)
+        if key is not None:  # a call like one already checked (the decode loop): skip the checks
+            done = fast_apply(key, q, k, position_ids, inplace)
+            if done is not None:
+                return done
         self._check_x("q", q, layout)
         self._check_x("k", k, layout)
         axes = [a for a in range(q.ndim) if a != q.ndim + LAYOUTS[layout][2]]
@@ -230,7 +235,7 @@ class Rope:
                 fail("k", f"size {q.shape[a]} in dim {a} (as q {tuple(q.shape)}; only heads may differ)", k)
         position_ids = self._check_positions(position_ids, q, layout, "q")
         return rope_apply(self, q, k, position_ids, inplace=inplace, impl=impl, layout=layout, seq_len=seq_len,
-                          precision=precision, allow_negative=allow_negative, compute_dtype=compute_dtype)
+                          precision=precision, allow_negative=allow_negative, compute_dtype=compute_dtype, memo=key)
 
     # ---------------------------------------------------------------- checks
     def _check_x(self, arg: str, x: torch.Tensor, layout: str) -> None:

@@ -1,0 +1,143 @@
+"""The decode hot path: a repeated `Rope.apply(_)` call reuses the checked call's kernel arguments.
+
+Every call through it must still equal the reference bit for bit on its own data and positions, and any
+call that differs from the recorded one (shapes, strides, dtypes, positions out of the table, negative
+positions, autograd) must take the checked path and behave exactly as a first call would.
+"""
+
+import threading
+
+import pytest
+import torch
+from test_kernels import randn
+
+from posenc import PosencError, Rope
+from posenc.kernels import cpu, dispatch
+
+pytestmark = pytest.mark.skipif(not cpu.available(), reason="no C compiler for the cpu kernel")
+
+
+def recorded(rope, q, k, pos, inplace, layout="bhtd") -> bool:
+    """Whether this thread holds kernel arguments for such a call (the next one takes the fast path)."""
+    key = dispatch.fast_key(rope, q, k, pos, inplace, layout, None, "float32", False, None, None)
+    return key in getattr(dispatch._FAST, "calls", {})
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("layout", ["bhtd", "bthd"])
+def test_repeated_decode_steps_equal_reference_on_fresh_data_and_positions(dtype, layout):
+    rope = Rope(head_dim=80, rotary_dim=48, pairing="interleaved")
+    shape = (3, 5, 1, 80) if layout == "bhtd" else (3, 1, 5, 80)
+    alive = []
+    for step in range(6):  # same metadata every step, new tensors and new positions
+        q, k = randn(*shape, dtype=dtype, seed=step), randn(*shape, dtype=dtype, seed=step + 50)
+        pos = torch.tensor([[7 + step * 13], [0], [4000 + step]])  # [b, 1]
+        alive.append(pos)  # every step's positions at a new address
+        expected = rope.apply(q, k, pos, layout=layout, impl="reference")
+        q0 = q.clone()
+        out = rope.apply(q, k, pos, layout=layout)
+        assert torch.equal(q, q0), "apply mutated q"
+        qi, ki = q.clone(), k.clone()
+        res = rope.apply_(qi, ki, pos, layout=layout)
+        assert res[0] is qi and res[1] is ki
+        for got in (out, (qi, ki)):
+            assert torch.equal(got[0], expected[0]) and torch.equal(got[1], expected[1]), step
+        assert recorded(rope, q, k, pos, True, layout) and recorded(rope, q, k, pos, False, layout)
+
+
+def test_position_beyond_table_after_recording_grows_table_and_stays_exact():
+    rope = Rope(head_dim=64, base=5e5)
+    q, k = randn(2, 4, 1, 64, seed=1), randn(2, 2, 1, 64, seed=2)
+    for p in (5, 6, 70_000, 7, 300_000):  # 70_000 and 300_000 are past the recorded table
+        pos = torch.tensor([p])
+        expected = rope.apply(q, k, pos, impl="reference")
+        got = rope.apply(q, k, pos)
+        assert torch.equal(got[0], expected[0]) and torch.equal(got[1], expected[1]), p
+
+
+def test_negative_positions_still_raise_after_recording():
+    rope = Rope(head_dim=64)
+    q, k = randn(1, 2, 1, 64), randn(1, 2, 1, 64)
+    rope.apply_(q.clone(), k.clone(), torch.tensor([3]))
+    rope.apply_(q.clone(), k.clone(), torch.tensor([4]))
+    qi, ki = q.clone(), k.clone()
+    with pytest.raises(PosencError, match="position_ids"):
+        rope.apply_(qi, ki, torch.tensor([-2]))
+    assert torch.equal(qi, q) and torch.equal(ki, k)  # nothing written
+    got = rope.apply(q, k, torch.tensor([-2]), allow_negative=True)
+    expected = rope.apply(q, k, torch.tensor([-2]), allow_negative=True, impl="reference")
+    assert torch.equal(got[0], expected[0]) and torch.equal(got[1], expected[1])
+
+
+def test_changed_metadata_is_checked_again():
+    rope = Rope(head_dim=64)
+    q, k, pos = randn(1, 2, 1, 64), randn(1, 2, 1, 64), torch.tensor([3])
+    rope.apply_(q, k, pos)
+    rope.apply_(q, k, pos)
+    with pytest.raises(PosencError, match="last dim = head_dim"):
+        rope.apply_(randn(1, 2, 1, 32), randn(1, 2, 1, 32), pos)
+    with pytest.raises(PosencError, match="integer"):
+        rope.apply_(q, k, torch.tensor([3.0]))
+    with pytest.raises(PosencError, match="position_ids"):
+        rope.apply_(q, k, torch.tensor([3, 4]))  # two positions for one token
+    q32 = randn(1, 2, 1, 64, seed=3).to(torch.int32)
+    with pytest.raises(PosencError, match="q"):
+        rope.apply_(q32, q32.clone(), pos)
+
+
+def test_autograd_after_recording_takes_the_differentiable_path():
+    rope = Rope(head_dim=64)
+    q, k, pos = randn(2, 3, 1, 64), randn(2, 3, 1, 64, seed=1), torch.tensor([9])
+    rope.apply(q, k, pos)
+    rope.apply(q, k, pos)
+    qg, kg = q.clone().requires_grad_(), k.clone().requires_grad_()
+    qr, kr = qg.detach().clone().requires_grad_(), kg.detach().clone().requires_grad_()
+    out = rope.apply(qg, kg, pos)
+    ref = rope.apply(qr, kr, pos, impl="reference")
+    assert out[0].requires_grad
+    (out[0].sum() + 2 * out[1].sum()).backward()
+    (ref[0].sum() + 2 * ref[1].sum()).backward()
+    assert torch.equal(qg.grad, qr.grad) and torch.equal(kg.grad, kr.grad)
+
+
+def test_threads_keep_their_own_recorded_arguments():
+    rope = Rope(head_dim=128)
+    errors = []
+
+    def worker(seed):
+        for step in range(30):
+            q, k = randn(4, 8, 1, 128, seed=seed * 100 + step), randn(4, 2, 1, 128, seed=seed * 100 + step + 1)
+            pos = torch.tensor([seed * 1000 + step])
+            expected = rope.apply(q, k, pos, impl="reference")
+            rope.apply_(q, k, pos)
+            if not (torch.equal(q, expected[0]) and torch.equal(k, expected[1])):
+                errors.append((seed, step))
+
+    threads = [threading.Thread(target=worker, args=(s,)) for s in range(3)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    assert errors == []
+
+
+@pytest.mark.parametrize("dtype", [torch.int32, torch.int16, torch.uint8])
+def test_other_position_dtypes_after_recording_int64(dtype):
+    rope = Rope(head_dim=64)
+    q, k = randn(2, 3, 1, 64), randn(2, 3, 1, 64, seed=1)
+    for _ in range(2):
+        rope.apply(q, k, torch.tensor([[5], [9]]))
+    pos = torch.tensor([[100], [7]], dtype=dtype)
+    expected = rope.apply(q, k, pos.long(), impl="reference")
+    got = rope.apply(q, k, pos)
+    assert torch.equal(got[0], expected[0]) and torch.equal(got[1], expected[1])
+
+
+def test_non_contiguous_positions_are_read_through_their_strides():
+    rope = Rope(head_dim=64)
+    q, k = randn(2, 3, 1, 64), randn(2, 3, 1, 64, seed=1)
+    for step in range(3):
+        pos = torch.tensor([[5 + step, 99], [9 + step, 98]])[:, :1]  # [2, 1], strides (2, 1)
+        expected = rope.apply(q, k, pos.contiguous(), impl="reference")
+        got = rope.apply(q, k, pos)
+        assert torch.equal(got[0], expected[0]) and torch.equal(got[1], expected[1]), step
