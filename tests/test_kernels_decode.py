@@ -141,3 +141,23 @@ def test_non_contiguous_positions_are_read_through_their_strides():
         expected = rope.apply(q, k, pos.contiguous(), impl="reference")
         got = rope.apply(q, k, pos)
         assert torch.equal(got[0], expected[0]) and torch.equal(got[1], expected[1]), step
+
+
+@pytest.mark.parametrize("head_dim", [64, 96, 128, 256])
+def test_bf16_wide_rows_with_edge_values_are_bit_exact(head_dim):
+    # 32 pairs per vector step (head_dim >= 64): a NaN, a denormal or a denormal result anywhere in the
+    # 32 pairs must send them through the exact conversion; every other block takes the one-instruction one
+    rope = Rope(head_dim=head_dim)
+    vals = torch.tensor([1e-39, -1e-39, 3e-38, 2e-38, float("inf"), float("nan"), 1.0 + 2**-8, 1.0 + 3 * 2**-8,
+                         3e38, 0.0, -0.0, -1.5])
+    g = torch.Generator().manual_seed(head_dim)
+    q = torch.randn(2, 12, 1, head_dim, generator=g)
+    for h in range(12):  # head h: one edge value at a random channel, the rest ordinary
+        q[:, h, 0, torch.randint(0, head_dim, (1,), generator=g)] = vals[h]
+    q = torch.cat([q, torch.full((2, 1, 1, head_dim), 1e-39)], 1).to(torch.bfloat16)  # a head of denormals
+    for p in (0, 1, 7, 4095):
+        got = rope.apply(q, q, torch.tensor([p]))[0]
+        expected = rope.apply(q, q, torch.tensor([p]), impl="reference")[0]
+        nan = expected.isnan()
+        assert torch.equal(got.isnan(), nan), p
+        assert torch.equal(got.view(torch.int16)[~nan], expected.view(torch.int16)[~nan]), p

@@ -61,6 +61,27 @@ static inline void bf16x16_store(uint16_t *p, __m512 v) {
 static inline int64_t split_half_bf16_simd(const uint16_t *x, uint16_t *o, const float *c, const float *s,
                                            int64_t half) {
     int64_t i = 0;
+#if defined(__AVX512BF16__) && defined(__AVX512DQ__)
+    for (; i + 32 <= half; i += 32) { /* 32 pairs: every load before any store (in place) */
+        __m512 a0 = bf16x16_load(x + i), a1 = bf16x16_load(x + i + 16);
+        __m512 b0 = bf16x16_load(x + i + half), b1 = bf16x16_load(x + i + half + 16);
+        __m512 c0 = _mm512_loadu_ps(c + i), c1 = _mm512_loadu_ps(c + i + 16);
+        __m512 s0 = _mm512_loadu_ps(s + i), s1 = _mm512_loadu_ps(s + i + 16);
+        __m512 lo0 = _mm512_sub_ps(_mm512_mul_ps(a0, c0), _mm512_mul_ps(b0, s0));
+        __m512 lo1 = _mm512_sub_ps(_mm512_mul_ps(a1, c1), _mm512_mul_ps(b1, s1));
+        __m512 hi0 = _mm512_add_ps(_mm512_mul_ps(b0, c0), _mm512_mul_ps(a0, s0));
+        __m512 hi1 = _mm512_add_ps(_mm512_mul_ps(b1, c1), _mm512_mul_ps(a1, s1));
+        if (!(_mm512_fpclass_ps_mask(lo0, 0xA1) | _mm512_fpclass_ps_mask(lo1, 0xA1) |
+              _mm512_fpclass_ps_mask(hi0, 0xA1) | _mm512_fpclass_ps_mask(hi1, 0xA1))) {
+            /* no lane NaN or denormal: one instruction per 32 lanes rounds as the bit arithmetic below */
+            _mm512_storeu_si512((void *)(o + i), (__m512i)_mm512_cvtne2ps_pbh(lo1, lo0));
+            _mm512_storeu_si512((void *)(o + i + half), (__m512i)_mm512_cvtne2ps_pbh(hi1, hi0));
+            continue;
+        }
+        bf16x16_store(o + i, lo0); bf16x16_store(o + i + 16, lo1); /* exact bit arithmetic, lane by lane */
+        bf16x16_store(o + i + half, hi0); bf16x16_store(o + i + half + 16, hi1);
+    }
+#endif
     for (; i + 16 <= half; i += 16) {
         __m512 a = bf16x16_load(x + i), b = bf16x16_load(x + i + half);
         __m512 ci = _mm512_loadu_ps(c + i), si = _mm512_loadu_ps(s + i);
