@@ -42,7 +42,6 @@ __all__ = [
     "choice",
     "positions",
     "integer_tensor",
-    "check_positive",
     "check_int_positions",
     "batch_positions",
     "check_float_tensor",
@@ -304,11 +303,6 @@ def integer_tensor(arg: str, x: Any, *, ndim: tuple[int, ...] | None = None, wha
     if x.is_meta:  # counts and ids are values: a meta tensor has none to read
         fail(arg, "a tensor with values (not on the meta device)", Raw("a meta tensor"))
     return x.long()
-
-
-def check_positive(arg: str, value: Any, *, allow_zero: bool = False) -> float:
-    """Return `value` as a float after checking it is a finite real number > 0 (>= 0 if allowed)."""
-    return real(arg, value, ge=0.0) if allow_zero else real(arg, value, gt=0.0)
 
 
 def check_int_positions(arg: str, x: Any, *, allow_negative: bool = False) -> torch.Tensor:
