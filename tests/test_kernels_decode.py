@@ -143,10 +143,11 @@ def test_non_contiguous_positions_are_read_through_their_strides():
         assert torch.equal(got[0], expected[0]) and torch.equal(got[1], expected[1]), step
 
 
-@pytest.mark.parametrize("head_dim", [64, 96, 128, 256])
+@pytest.mark.parametrize("head_dim", [48, 64, 80, 96, 128, 256])
 def test_bf16_wide_rows_with_edge_values_are_bit_exact(head_dim):
-    # 32 pairs per vector step (head_dim >= 64): a NaN, a denormal or a denormal result anywhere in the
-    # 32 pairs must send them through the exact conversion; every other block takes the one-instruction one
+    # 32 pairs per vector step (head_dim >= 64), then 16-pair steps, the last one masked (48: 16 + 8 pairs,
+    # 80: 32 + 8): a NaN, a denormal or a denormal result anywhere in a step must send it through the
+    # exact conversion; every other block takes the one-instruction one
     rope = Rope(head_dim=head_dim)
     vals = torch.tensor([1e-39, -1e-39, 3e-38, 2e-38, float("inf"), float("nan"), 1.0 + 2**-8, 1.0 + 3 * 2**-8,
                          3e38, 0.0, -0.0, -1.5])
