@@ -85,6 +85,24 @@ def test_changed_metadata_is_checked_again():
         rope.apply_(q32, q32.clone(), pos)
 
 
+@pytest.mark.parametrize("inplace", [True, False])
+def test_k_on_another_device_is_refused_before_and_after_recording(inplace):
+    # a meta k has no data (data_ptr 0): the kernel must never be handed it in place of a CPU tensor
+    rope = Rope(head_dim=64)
+    q, k, pos = randn(2, 3, 1, 64), randn(2, 3, 1, 64, seed=1), torch.tensor([9])
+    fn = rope.apply_ if inplace else rope.apply
+    k_meta = torch.empty(2, 3, 1, 64, device="meta")
+    with pytest.raises(PosencError, match=r"^k: expected a tensor on the device of q \(cpu\), got .* on meta$"):
+        fn(q, k_meta, pos)
+    fn(q, k, pos)
+    fn(q, k, pos)
+    assert recorded(rope, q, k, pos, inplace)
+    q0 = q.clone()
+    with pytest.raises(PosencError, match="device of q"):
+        fn(q, k_meta, pos)
+    assert torch.equal(q, q0)  # nothing written
+
+
 def test_autograd_after_recording_takes_the_differentiable_path():
     rope = Rope(head_dim=64)
     q, k, pos = randn(2, 3, 1, 64), randn(2, 3, 1, 64, seed=1), torch.tensor([9])

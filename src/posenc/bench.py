@@ -56,6 +56,7 @@ def providers(quick: bool) -> tuple[list[Provider], list[str]]:
     found = [
         Provider("copy_ (floor)", True, lambda q, k, *_: _copy_into(q, k)),
         Provider("clone (floor)", False, lambda q, k, *_: lambda: (q.clone(), k.clone())),
+        Provider("clone into huge pages (floor)", False, _clone_huge),
         Provider("posenc apply_", True, lambda q, k, pos, *_: lambda: rope.apply_(q, k, pos)),
         Provider("posenc apply", False, lambda q, k, pos, *_: lambda: rope.apply(q, k, pos)),
         Provider("posenc reference", False, lambda q, k, pos, *_: lambda: rope.apply(q, k, pos, impl="reference")),
@@ -89,6 +90,17 @@ def providers(quick: bool) -> tuple[list[Provider], list[str]]:
 def _copy_into(q, k):
     q_out, k_out = torch.empty_like(q), torch.empty_like(k)
     return lambda: (q_out.copy_(q), k_out.copy_(k))
+
+
+def _clone_huge(q, k, *_):
+    """Fresh outputs advised as the kernel advises its own (transparent huge pages), then `copy_`: the
+    allocating floor for the same memory strategy as `posenc apply`."""
+    from .kernels.cpu import advise_huge_pages
+
+    def run():
+        q_out, k_out = advise_huge_pages(torch.empty_like(q)), advise_huge_pages(torch.empty_like(k))
+        return q_out.copy_(q), k_out.copy_(k)
+    return run
 
 
 def _complex_inplace(q, k, pos, *_):

@@ -67,8 +67,9 @@ class Raw(str):
 
 
 def _show(value: Any) -> str:
-    if isinstance(value, torch.Tensor):
-        return f"tensor of shape {tuple(value.shape)} and dtype {value.dtype}"
+    if isinstance(value, torch.Tensor):  # the device only when it is not the CPU
+        where = "" if value.device.type == "cpu" else f" on {value.device}"
+        return f"tensor of shape {tuple(value.shape)} and dtype {value.dtype}{where}"
     if isinstance(value, Raw):
         return str(value)
     if isinstance(value, type):  # fail(arg, "...", type(x)) shows the type's name
@@ -86,7 +87,7 @@ def fail(arg: str, expected: str, got: Any) -> NoReturn:
     Args:
         arg: the argument's name as the caller wrote it (`"position_ids"`, `"config['rope_theta']"`).
         expected: what would have been accepted.
-        got: what arrived; tensors show shape and dtype, types their name, `Raw` text as-is, the rest `repr`.
+        got: what arrived; tensors show shape, dtype and a non-CPU device, types their name, `Raw` text as-is, the rest `repr`.
     Raises:
         PosencError: always, with `.arg`, `.expected` and `.got` set.
     """

@@ -26,7 +26,7 @@ import torch
 
 from ..errors import Raw, fail
 
-__all__ = ["available", "rotate", "pack", "call", "DTYPES", "PAIRING_CODES"]
+__all__ = ["available", "rotate", "pack", "call", "advise_huge_pages", "DTYPES", "PAIRING_CODES"]
 
 PAIRING_CODES = {"split_half": 0, "interleaved": 1, "interleaved_to_split_half": 2}
 DTYPES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2, torch.float64: 3}
@@ -89,6 +89,9 @@ def _library() -> ctypes.CDLL | str:
     lib.posenc_rope_packed.restype = ctypes.c_int64
     lib.posenc_rope_packed.argtypes = [ctypes.c_void_p]
     lib.posenc_has_f16.restype = ctypes.c_int
+    lib.posenc_set_huge_pages.argtypes = [ctypes.c_int]
+    lib.posenc_advise_huge_pages.argtypes = [ctypes.c_void_p, ctypes.c_int64]
+    lib.posenc_set_huge_pages(os.environ.get("POSENC_HUGE_PAGES", "1") != "0")
     return lib
 
 
@@ -158,3 +161,12 @@ def rotate(
         require(q.dtype)
         return 0
     return call(pack(q, k, q_out, k_out, cos, sin, rows, pairing), q.dtype)
+
+
+def advise_huge_pages(x: torch.Tensor) -> torch.Tensor:
+    """Ask for transparent huge pages on a fresh CPU tensor's memory before its first write (as the kernel does
+    for its own outputs of >= 4 MiB; a hint, nothing without Linux THP or with `POSENC_HUGE_PAGES=0`). Returns x."""
+    lib = _library()
+    if not isinstance(lib, str) and x.device.type == "cpu":
+        lib.posenc_advise_huge_pages(x.data_ptr(), x.numel() * x.element_size())
+    return x

@@ -18,6 +18,9 @@
  */
 #include <stdint.h>
 #include <string.h>
+#if defined(__linux__)
+#include <sys/mman.h>
+#endif
 
 enum { SPLIT_HALF = 0, INTERLEAVED = 1, INTERLEAVED_TO_SPLIT_HALF = 2 };
 enum { F32 = 0, BF16 = 1, F16 = 2, F64 = 3 };
@@ -79,7 +82,7 @@ static inline void bf16x16_store_mask(uint16_t *p, __m512 v, __mmask16 m) {
 }
 static inline void bf16x16_store(uint16_t *p, __m512 v) { bf16x16_store_mask(p, v, (__mmask16)0xffff); }
 static inline int64_t split_half_bf16_simd(const uint16_t *x, uint16_t *o, const float *c, const float *s,
-                                           int64_t half) {
+                                           int64_t half, int nt) {
     int64_t i = 0;
 #if defined(__AVX512BF16__) && defined(__AVX512DQ__)
     for (; i + 32 <= half; i += 32) { /* 32 pairs: every load before any store (in place) */
@@ -94,8 +97,12 @@ static inline int64_t split_half_bf16_simd(const uint16_t *x, uint16_t *o, const
         if (!(_mm512_fpclass_ps_mask(lo0, 0xA1) | _mm512_fpclass_ps_mask(lo1, 0xA1) |
               _mm512_fpclass_ps_mask(hi0, 0xA1) | _mm512_fpclass_ps_mask(hi1, 0xA1))) {
             /* no lane NaN or denormal: one instruction per 32 lanes rounds as the bit arithmetic below */
-            _mm512_storeu_si512((void *)(o + i), (__m512i)_mm512_cvtne2ps_pbh(lo1, lo0));
-            _mm512_storeu_si512((void *)(o + i + half), (__m512i)_mm512_cvtne2ps_pbh(hi1, hi0));
+            __m512i lo = (__m512i)_mm512_cvtne2ps_pbh(lo1, lo0), hi = (__m512i)_mm512_cvtne2ps_pbh(hi1, hi0);
+            if (nt) { /* aligned, see stream_ok */
+                _mm512_stream_si512((void *)(o + i), lo); _mm512_stream_si512((void *)(o + i + half), hi);
+            } else {
+                _mm512_storeu_si512((void *)(o + i), lo); _mm512_storeu_si512((void *)(o + i + half), hi);
+            }
             continue;
         }
         bf16x16_store(o + i, lo0); bf16x16_store(o + i + 16, lo1); /* exact bit arithmetic, lane by lane */
@@ -116,13 +123,19 @@ static inline int64_t split_half_bf16_simd(const uint16_t *x, uint16_t *o, const
 
 /* Split-half float32 rows: 16 pairs per step, the last step masked. */
 #define POSENC_SIMD_F32 1
-static inline int64_t split_half_f32_simd(const float *x, float *o, const float *c, const float *s, int64_t half) {
+static inline int64_t split_half_f32_simd(const float *x, float *o, const float *c, const float *s, int64_t half,
+                                          int nt) {
     for (int64_t i = 0; i < half; i += 16) {
         __mmask16 m = half - i >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (half - i)) - 1);
         __m512 a = _mm512_maskz_loadu_ps(m, x + i), b = _mm512_maskz_loadu_ps(m, x + i + half);
         __m512 ci = _mm512_maskz_loadu_ps(m, c + i), si = _mm512_maskz_loadu_ps(m, s + i);
-        _mm512_mask_storeu_ps(o + i, m, _mm512_sub_ps(_mm512_mul_ps(a, ci), _mm512_mul_ps(b, si)));
-        _mm512_mask_storeu_ps(o + i + half, m, _mm512_add_ps(_mm512_mul_ps(b, ci), _mm512_mul_ps(a, si)));
+        __m512 lo = _mm512_sub_ps(_mm512_mul_ps(a, ci), _mm512_mul_ps(b, si));
+        __m512 hi = _mm512_add_ps(_mm512_mul_ps(b, ci), _mm512_mul_ps(a, si));
+        if (nt && m == (__mmask16)0xffff) { /* aligned, see stream_ok */
+            _mm512_stream_ps(o + i, lo); _mm512_stream_ps(o + i + half, hi);
+        } else {
+            _mm512_mask_storeu_ps(o + i, m, lo); _mm512_mask_storeu_ps(o + i + half, m, hi);
+        }
     }
     return half;
 }
@@ -166,6 +179,17 @@ static inline void NAME(const ST *x, ST *o, const float *c, const float *s, int6
         for (i = 2 * half; i < d; i++) o[i] = x[i]; /* pass-through channels, bit-identical */     \
 }
 
+/* Whether a split-half rotation may write its output with non-temporal stores: a fresh output (not the
+ * input) of >= 4 MiB whose rows and half-rows all start on 64-byte lines. Streaming stores skip reading
+ * each output line before writing it (the write-allocate of a plain store): out of place then moves the
+ * bytes of an in-place rotation. */
+static int stream_ok(const Tensor4 *t, int64_t elem, int64_t half) {
+    if (t->x == t->out || ((uintptr_t)t->out & 63) || (half * elem) & 63) return 0;
+    for (int i = 0; i < 3; i++)
+        if ((t->os[i] * elem) & 63) return 0;
+    return t->B * t->H * t->T * t->D * elem >= ((int64_t)4 << 20);
+}
+
 /* Rotate every row of one tensor, walking memory in its own order (heads inner for bthd-like strides and
  * single tokens, tokens inner for bhtd). FAST(x, o, c, s, half) rotates a contiguous split-half row when HAS_FAST.
  * A channel stride != 1 gathers the row into a buffer, rotates it contiguously and scatters it back. */
@@ -178,9 +202,9 @@ __attribute__((noinline)) static void NAME##_strided(const Tensor4 *t, const ST 
     for (int64_t i = 0; i < t->D; i++) o[i * t->os[3]] = xout[i];                                   \
 }                                                                                                   \
 static inline __attribute__((always_inline)) void NAME##_row(const Tensor4 *t, const ST *x, ST *o, const float *c, \
-        const float *s, int64_t half, int pairing, int fast, int contiguous, int64_t pass) {        \
+        const float *s, int64_t half, int pairing, int fast, int nt, int contiguous, int64_t pass) {\
     if (fast) {                                                                                     \
-        FAST(x, o, c, s, half);                                                                     \
+        FAST(x, o, c, s, half, nt);                                                                 \
         for (int64_t i = 0; i < pass; i++) o[2 * half + i] = x[2 * half + i];                       \
     } else if (contiguous) {                                                                        \
         ROW(x, o, c, s, half, t->D, pairing);                                                       \
@@ -192,6 +216,7 @@ static void NAME(const Tensor4 *t, const float *cos, const float *sin, const int
                  int64_t half, int pairing) {                                                       \
     const int contiguous = t->xs[3] == 1 && t->os[3] == 1;                                          \
     const int fast = contiguous && pairing == SPLIT_HALF && HAS_FAST;                              \
+    const int nt = fast && stream_ok(t, (int64_t)sizeof(ST), half);                                 \
     const int64_t pass = t->x != t->out ? t->D - 2 * half : 0; /* pass-through channels to copy */   \
     const int heads_inner = t->T == 1 || t->xs[1] < t->xs[2]; /* bthd-like: heads adjacent in memory */ \
     const int64_t nu = heads_inner ? t->T : t->H, nv = heads_inner ? t->H : t->T;                   \
@@ -213,7 +238,7 @@ static void NAME(const Tensor4 *t, const float *cos, const float *sin, const int
                     const ST *px = v + pf < nv ? x + pf * xv                                        \
                                  : u + 1 < nu && v + pf - nv < nv ? xb + (u + 1) * xu + (v + pf - nv) * xv : 0; \
                     PREFETCH_ROW(px, row_bytes);                                                    \
-                    NAME##_row(t, x, o, c, s, half, pairing, fast, contiguous, pass);               \
+                    NAME##_row(t, x, o, c, s, half, pairing, fast, nt, contiguous, pass);           \
                 }                                                                                   \
             }                                                                                       \
             continue;                                                                               \
@@ -228,7 +253,7 @@ static void NAME(const Tensor4 *t, const float *cos, const float *sin, const int
                     const ST *px = v + pf < nv ? x + pf * xv                                        \
                                  : u + g < nu && v + pf - nv < nv ? xb + (u + g) * xu + (v + pf - nv) * xv : 0; \
                     PREFETCH_ROW(px, row_bytes);                                                    \
-                    NAME##_row(t, x, ob + u * ou + v * ov, c, s, half, pairing, fast, contiguous, pass); \
+                    NAME##_row(t, x, ob + u * ou + v * ov, c, s, half, pairing, fast, nt, contiguous, pass); \
                 }                                                                                   \
             }                                                                                       \
         }                                                                                           \
@@ -237,7 +262,7 @@ static void NAME(const Tensor4 *t, const float *cos, const float *sin, const int
 
 #define ID(v) (v)
 #define NO_SIMD(x, o, c, s, half) 0
-#define NO_FAST(x, o, c, s, half) ((void)0)
+#define NO_FAST(x, o, c, s, half, nt) ((void)0)
 #ifdef POSENC_SIMD_F32
 #define F32_FAST split_half_f32_simd
 #define F32_HAS_FAST 1
@@ -250,7 +275,7 @@ DEFINE_ROW(row_f64, double, double, ID, ID, NO_SIMD)
 #define BF16_IN(v) bf16_load(v)
 #define BF16_OUT(v) bf16_store(v)
 #ifdef POSENC_SIMD_BF16
-#define BF16_SIMD split_half_bf16_simd
+#define BF16_SIMD(x, o, c, s, half) split_half_bf16_simd(x, o, c, s, half, 0)
 #define BF16_FAST split_half_bf16_simd
 #define BF16_HAS_FAST 1
 #else
@@ -274,6 +299,36 @@ int posenc_has_f16(void) { return 0; }
 
 int posenc_has_f16(void);
 
+static int huge_pages = 1;
+void posenc_set_huge_pages(int on) { huge_pages = on; }
+
+/* An output of >= 4 MiB that is not the input (a fresh tensor of `Rope.apply`): ask Linux for transparent
+ * huge pages on its 2 MiB-aligned interior before the first write, so that it faults once per 2 MiB instead
+ * of once per 4 KiB (a 64 MiB output: 32 faults instead of 16,384; the faults, not the arithmetic, set the
+ * cost of an allocating rotation). A hint: without THP (or with it set to "never") nothing changes. */
+void posenc_advise_huge_pages(void *p, int64_t bytes) {
+#if defined(__linux__) && defined(MADV_HUGEPAGE)
+    const int64_t huge = (int64_t)2 << 20;
+    if (!huge_pages || bytes < 2 * huge) return;
+    uintptr_t lo = ((uintptr_t)p + huge - 1) & ~(uintptr_t)(huge - 1);
+    uintptr_t hi = ((uintptr_t)p + bytes) & ~(uintptr_t)(huge - 1);
+    if (hi > lo) madvise((void *)lo, hi - lo, MADV_HUGEPAGE);
+#else
+    (void)p; (void)bytes;
+#endif
+}
+
+static void advise_output(const Tensor4 *t, int64_t elem) {
+    const int64_t n[4] = {t->B, t->H, t->T, t->D};
+    int64_t span = 1; /* elements from the first to one past the last */
+    if (t->x == t->out) return;
+    for (int i = 0; i < 4; i++) {
+        if (n[i] == 0 || t->os[i] < 0) return;
+        span += (n[i] - 1) * t->os[i];
+    }
+    posenc_advise_huge_pages(t->out, span * elem);
+}
+
 /* Rotate q and (if k->x is non-null) k. Returns 0 when done; nothing is written otherwise:
  * < 0: the most negative row found (a negative position); > 0: the table length the rows need. */
 int64_t posenc_rope(const Tensor4 *q, const Tensor4 *k, int dtype, const float *cos, const float *sin,
@@ -293,6 +348,7 @@ int64_t posenc_rope(const Tensor4 *q, const Tensor4 *k, int dtype, const float *
     for (int which = 0; which < 2; which++) {
         const Tensor4 *t = which ? k : q;
         if (t == 0 || t->x == 0) continue;
+        advise_output(t, dtype == F64 ? 8 : dtype == F32 ? 4 : 2);
         switch (dtype) {
             case F32: tile_f32(t, cos, sin, rows, rows_b, half, pairing); break;
             case BF16: tile_bf16(t, cos, sin, rows, rows_b, half, pairing); break;
@@ -302,6 +358,9 @@ int64_t posenc_rope(const Tensor4 *q, const Tensor4 *k, int dtype, const float *
 #endif
         }
     }
+#ifdef POSENC_SIMD_F32
+    _mm_sfence(); /* order streaming stores before the caller reads the outputs */
+#endif
     return 0;
 }
 

@@ -233,6 +233,8 @@ class Rope:
         for a in axes:
             if q.shape[a] != k.shape[a]:
                 fail("k", f"size {q.shape[a]} in dim {a} (as q {tuple(q.shape)}; only heads may differ)", k)
+        if k.device != q.device:
+            fail("k", f"a tensor on the device of q ({q.device})", k)
         position_ids = self._check_positions(position_ids, q, layout, "q")
         return rope_apply(self, q, k, position_ids, inplace=inplace, impl=impl, layout=layout, seq_len=seq_len,
                           precision=precision, allow_negative=allow_negative, compute_dtype=compute_dtype, memo=key)
