@@ -1,6 +1,7 @@
 """`posenc bench`: tidy CSV rows with the floors of the same run, a summary and a plot read from the CSV."""
 
 import csv
+import math
 
 import pytest
 import torch
@@ -21,6 +22,11 @@ def test_bench_rows_summary_and_plot(tmp_path, monkeypatch):
         if r["provider"] == "copy_ (floor)":
             assert r["x_copy"] == 1.0
     assert {r["peak_extra_mib"] for r in rows if r["provider"] == "posenc apply_"} == {0.0}  # in place: no temporary
+    for r in rows:  # every rotation checked once against the float64 oracle; floors are not rotations
+        if "floor" in r["provider"]:
+            assert math.isnan(r["max_abs_err"])
+        elif r["provider"].startswith(("posenc", "transformers", "complex")):
+            assert r["max_abs_err"] < 2e-6, r  # float32 tables and arithmetic at values ~N(0, 1)
     path = tmp_path / "rows.csv"
     bench.write_csv(rows, path)
     with open(path) as f:
@@ -29,6 +35,29 @@ def test_bench_rows_summary_and_plot(tmp_path, monkeypatch):
     assert "## decode 32x32x1x128 @4095, float32" in text and "| posenc apply_ | yes |" in text
     pytest.importorskip("matplotlib")
     assert bench.plot(path, tmp_path / "rows.png").stat().st_size > 0
+
+
+def test_peak_memory_counts_each_allocation_once():
+    q, k = torch.randn(1, 4, 512, 128), torch.randn(1, 2, 512, 128)  # 1 MiB and 0.5 MiB
+    assert bench._peak_extra_mib(lambda: (q.clone(), k.clone())) == 1.5
+
+
+@pytest.mark.parametrize("pairing", ["split_half", "interleaved"])
+def test_bench_oracle_is_the_2x2_rotation(pairing):
+    # the yardstick of the error column, against explicit 2x2 rotation matrices pair by pair
+    g = torch.Generator().manual_seed(3)
+    x, pos = torch.randn(2, 3, 5, 8, generator=g), torch.tensor([[0], [7]]).expand(2, 5) + torch.arange(5)
+    got = bench.oracle(x, pos, pairing)  # [b, h, t, d]
+    inv = 1.0 / (10000.0 ** (torch.arange(0, 8, 2).float() / 8))
+    for b in range(2):
+        for t in range(5):
+            for i in range(4):
+                theta = float(torch.tensor(float(pos[b, t])) * inv[i])  # the float32 angle
+                rot = torch.tensor([[math.cos(theta), -math.sin(theta)], [math.sin(theta), math.cos(theta)]],
+                                   dtype=torch.float64)
+                j = (i, i + 4) if pairing == "split_half" else (2 * i, 2 * i + 1)
+                pair = x[b, :, t, list(j)].double()  # [h, 2]
+                assert torch.allclose(got[b, :, t, list(j)], pair @ rot.T, rtol=0, atol=1e-12)
 
 
 def test_bench_cli_rejects_unknown_shapes(capsys):

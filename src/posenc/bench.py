@@ -32,14 +32,15 @@ SHAPES = {
     "gqa q32/k8 1x2048x128": (1, 32, 8, 2048, 128, 0),
 }
 FIELDS = ["provider", "shape", "dtype", "inplace", "p20_ms", "p50_ms", "p80_ms", "gb_per_s", "x_copy", "x_clone",
-          "peak_extra_mib", "threads"]
+          "peak_extra_mib", "max_abs_err", "threads"]
 
 
 @dataclass
 class Provider:
     name: str
     inplace: bool
-    make: Callable  # (q, k, pos, cos_hf, sin_hf) -> zero-argument callable, or None when not applicable
+    make: Callable  # (q, k, pos, cos_hf, sin_hf) -> zero-argument callable returning (q_rot, k_rot) [b, h, t, d]
+    pairing: str | None = None  # the pairing its rotation follows (checked once against the oracle); None: a floor
 
 
 def _hf_tables(rope, pos: torch.Tensor, dtype: torch.dtype):
@@ -57,10 +58,11 @@ def providers(quick: bool) -> tuple[list[Provider], list[str]]:
         Provider("copy_ (floor)", True, lambda q, k, *_: _copy_into(q, k)),
         Provider("clone (floor)", False, lambda q, k, *_: lambda: (q.clone(), k.clone())),
         Provider("clone into huge pages (floor)", False, _clone_huge),
-        Provider("posenc apply_", True, lambda q, k, pos, *_: lambda: rope.apply_(q, k, pos)),
-        Provider("posenc apply", False, lambda q, k, pos, *_: lambda: rope.apply(q, k, pos)),
-        Provider("posenc reference", False, lambda q, k, pos, *_: lambda: rope.apply(q, k, pos, impl="reference")),
-        Provider("complex multiply, in place", True, _complex_inplace),
+        Provider("posenc apply_", True, lambda q, k, pos, *_: lambda: rope.apply_(q, k, pos), "split_half"),
+        Provider("posenc apply", False, lambda q, k, pos, *_: lambda: rope.apply(q, k, pos), "split_half"),
+        Provider("posenc reference", False, lambda q, k, pos, *_: lambda: rope.apply(q, k, pos, impl="reference"),
+                 "split_half"),
+        Provider("complex multiply, in place", True, _complex_inplace, "interleaved"),
     ]
     notes = []
     try:
@@ -68,22 +70,26 @@ def providers(quick: bool) -> tuple[list[Provider], list[str]]:
     except ImportError:
         notes.append("transformers: not installed")
     else:
-        found.append(Provider("transformers eager", False, lambda q, k, pos, c, s: lambda: apply_rotary_pos_emb(q, k, c, s)))
+        found.append(Provider("transformers eager", False, lambda q, k, pos, c, s: lambda: apply_rotary_pos_emb(q, k, c, s),
+                              "split_half"))
         if not quick:
             fn = torch.compile(apply_rotary_pos_emb, fullgraph=True, dynamic=False)
-            found.append(Provider("transformers torch.compile", False, lambda q, k, pos, c, s: lambda: fn(q, k, c, s)))
+            found.append(Provider("transformers torch.compile", False, lambda q, k, pos, c, s: lambda: fn(q, k, c, s),
+                                  "split_half"))
     try:
         from rotary_embedding_torch import RotaryEmbedding
     except ImportError:
         notes.append("rotary-embedding-torch: not installed")
     else:
-        found.append(Provider("rotary-embedding-torch", False, _lucidrains(RotaryEmbedding)))
-    try:
-        from torchtune.modules import RotaryPositionalEmbeddings  # noqa: F401
-    except ImportError:
-        notes.append("torchtune: not importable (needs torchao)")
+        found.append(Provider("rotary-embedding-torch", False, _lucidrains(RotaryEmbedding), "interleaved"))
+    torchtune_rope, note = _torchtune_rope()
+    if note:
+        notes.append(note)
+    if torchtune_rope is not None:
+        found.append(Provider("torchtune", False, _torchtune(torchtune_rope), "interleaved"))
     if not quick:
-        found.append(Provider("posenc compiled", False, lambda q, k, pos, *_: lambda: rope.apply(q, k, pos, impl="compiled")))
+        found.append(Provider("posenc compiled", False, lambda q, k, pos, *_: lambda: rope.apply(q, k, pos, impl="compiled"),
+                              "split_half"))
     return found, notes
 
 
@@ -128,15 +134,79 @@ def _lucidrains(cls):
     return make
 
 
+def _torchtune_rope():
+    """(torchtune's RotaryPositionalEmbeddings or None, a note or None).
+
+    torchtune's package `__init__` refuses to import without a torchao built for the same torch; its RoPE
+    module itself needs only torch, so when the package import fails the module is loaded from its file.
+    """
+    try:
+        from torchtune.modules import RotaryPositionalEmbeddings
+        return RotaryPositionalEmbeddings, None
+    except Exception:  # noqa: BLE001 (ImportError, or torchao failing inside torchtune's __init__)
+        pass
+    import importlib.util
+
+    spec = importlib.util.find_spec("torchtune")  # locates the package without running its __init__
+    if spec is None or not spec.submodule_search_locations:
+        return None, "torchtune: not installed"
+    path = Path(spec.submodule_search_locations[0]) / "modules" / "position_embeddings.py"
+    module_spec = importlib.util.spec_from_file_location("_posenc_bench_torchtune_rope", path)
+    module = importlib.util.module_from_spec(module_spec)
+    module_spec.loader.exec_module(module)
+    return module.RotaryPositionalEmbeddings, ("torchtune: its RotaryPositionalEmbeddings loaded from its own file "
+                                               "(the package __init__ needs a torchao built for this torch)")
+
+
+def _torchtune(cls):
+    """torchtune's RoPE (interleaved pairs, out of place, float32 math) on [b, t, h, d] copies made once, untimed."""
+    def make(q, k, pos, *_):
+        rot = cls(q.shape[-1], max_seq_len=int(pos.max()) + 1)
+        qt, kt = q.transpose(1, 2).contiguous(), k.transpose(1, 2).contiguous()  # [b, t, h, d]
+        from_zero = pos.ndim == 1 and bool((pos == torch.arange(pos.numel())).all())
+        input_pos = None if from_zero else pos if pos.ndim == 2 else pos[None]  # [b, t]
+        return lambda: (rot(qt, input_pos=input_pos).transpose(1, 2), rot(kt, input_pos=input_pos).transpose(1, 2))
+    return make
+
+
+def oracle(x: torch.Tensor, pos: torch.Tensor, pairing: str, base: float = 10000.0) -> torch.Tensor:
+    """Float64 rotation of `x` `[b, h, t, d]` at the checkpoint's float32 angles (Llama's inv_freq times the
+    position, in float32), by the 2x2 formula written out: the common yardstick of every provider."""
+    d = x.shape[-1]
+    inv = 1.0 / (base ** (torch.arange(0, d, 2, dtype=torch.int64).float() / d))  # [d/2] float32
+    angle = (pos.float()[..., None] * inv).double()  # [t, d/2] or [b, 1, d/2]
+    c, s = angle.cos(), angle.sin()
+    if pos.ndim == 2:
+        c, s = c[:, None], s[:, None]  # [b, 1, t, d/2]
+    x = x.double()
+    if pairing == "split_half":
+        a, b = x[..., : d // 2], x[..., d // 2:]
+        return torch.cat((a * c - b * s, b * c + a * s), -1)
+    a, b = x[..., 0::2], x[..., 1::2]
+    return torch.stack((a * c - b * s, b * c + a * s), -1).flatten(-2)
+
+
+def _max_error(p: Provider, q: torch.Tensor, k: torch.Tensor, pos: torch.Tensor, cos_hf, sin_hf) -> float:
+    """One untimed call of `p` on copies of q and k: the largest |result - oracle| over q and k (NaN for a floor)."""
+    if p.pairing is None:
+        return math.nan
+    qc, kc = q.clone(), k.clone()
+    out = p.make(qc, kc, pos, cos_hf, sin_hf)()
+    if p.inplace:
+        out = (qc, kc)
+    return max(float((o.double() - oracle(x, pos, p.pairing)).abs().max()) for o, x in zip(out, (q, k)))
+
+
 def _peak_extra_mib(fn: Callable) -> float:
     """Peak bytes the CPU allocator held during one call (outputs included), from the profiler's memory events."""
     with _quiet_stderr(), torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU],
                                                  profile_memory=True) as prof:
         fn()
-    events = sorted((e for e in prof.events() if e.cpu_memory_usage), key=lambda e: e.time_range.start)
+    # self (not inclusive) usage: an op's allocation is otherwise counted again in every op that calls it
+    events = sorted((e for e in prof.events() if e.self_cpu_memory_usage), key=lambda e: e.time_range.start)
     level = peak = 0
     for e in events:
-        level += e.cpu_memory_usage
+        level += e.self_cpu_memory_usage
         peak = max(peak, level)
     return peak / 2**20
 
@@ -181,6 +251,7 @@ def run(shapes: list[str], dtypes: list[torch.dtype], rounds: int, quick: bool, 
             from .rope.spec import Rope
 
             cos_hf, sin_hf = _hf_tables(Rope(head_dim=128), pos, dtype)
+            q0, k0 = q.clone(), k.clone()  # the in-place providers rotate q and k on every call
             calls = {}
             for p in found:
                 try:
@@ -215,6 +286,7 @@ def run(shapes: list[str], dtypes: list[torch.dtype], rounds: int, quick: bool, 
                     "p80_ms": _quantile(samples[n], 0.8) * 1e3, "gb_per_s": moved / p50 / 1e9,
                     "x_copy": p50 / floor_copy, "x_clone": p50 / floor_clone,
                     "peak_extra_mib": _peak_extra_mib(fn), "threads": torch.get_num_threads(),
+                    "max_abs_err": _max_error(p, q0, k0, pos, cos_hf, sin_hf),
                 })
             progress(f"{shape} {dtype}: " + ", ".join(f"{r['provider']} {r['x_copy']:.2f}x" for r in rows[-len(calls):]))
             del q, k, calls
@@ -251,15 +323,21 @@ def summary(rows: list[dict], notes: list[str], extra: list[str] = ()) -> str:
     for r in rows:
         groups.setdefault((r["shape"], r["dtype"]), []).append(r)
     for (shape, dtype), group in groups.items():
-        out += [f"## {shape}, {dtype}", "", "| provider | in place | p50 ms (p20-p80) | GB/s | x copy | x clone | peak MiB |",
-                "|---|---|---:|---:|---:|---:|---:|"]
+        out += [f"## {shape}, {dtype}", "", "| provider | in place | p50 ms (p20-p80) | GB/s | x copy | x clone | peak MiB "
+                "| max abs err |", "|---|---|---:|---:|---:|---:|---:|---:|"]
         for r in sorted(group, key=lambda r: float(r["p50_ms"])):
             out.append(f"| {r['provider']} | {'yes' if r['inplace'] else 'no'} | {float(r['p50_ms']):.4g} "
                        f"({float(r['p20_ms']):.3g}-{float(r['p80_ms']):.3g}) | {float(r['gb_per_s']):.3g} | "
-                       f"{float(r['x_copy']):.2f} | {float(r['x_clone']):.2f} | {float(r['peak_extra_mib']):.0f} |")
+                       f"{float(r['x_copy']):.2f} | {float(r['x_clone']):.2f} | {float(r['peak_extra_mib']):.0f} | "
+                       f"{_err(r['max_abs_err'])} |")
         out.append("")
     out += [f"- {n}" for n in [*extra, *notes]]
     return "\n".join(out) + "\n"
+
+
+def _err(value) -> str:
+    value = float(value)
+    return "-" if math.isnan(value) else f"{value:.1e}"
 
 
 def plot(csv_path: Path, out_path: Path) -> Path:
@@ -325,7 +403,6 @@ def main(args: argparse.Namespace) -> int:
     if not args.quick:
         extra.append(f"torch.compile(Rope.apply, fullgraph=True) over 16 growing lengths: {recompiles()} graphs compiled")
     write_csv(rows, out / "rope_bench.csv")
-    (out / "rope_bench.md").write_text(summary(rows, notes, extra))
     written = ["rope_bench.csv", "rope_bench.md"]
     if not args.no_plot:
         try:
@@ -333,5 +410,6 @@ def main(args: argparse.Namespace) -> int:
             written.append("rope_bench.png")
         except ImportError:
             notes.append("plot skipped: matplotlib not installed")
+    (out / "rope_bench.md").write_text(summary(rows, notes, extra))
     print(f"wrote {', '.join(str(out / w) for w in written)}")
     return 0
