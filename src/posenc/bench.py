@@ -81,6 +81,15 @@ def providers(quick: bool) -> tuple[list[Provider], list[str]]:
         from torchtune.modules import RotaryPositionalEmbeddings  # noqa: F401
     except ImportError:
         notes.append("torchtune: not importable (needs torchao)")
+    try:
+        import intel_extension_for_pytorch as ipex
+    except ImportError:
+        notes.append("intel-extension-for-pytorch: not installed (needs its own torch: docs/performance.md)")
+    except Exception as exc:  # its torch-version check raises AttributeError (a typo'd os.exit) on a mismatch
+        notes.append(f"intel-extension-for-pytorch: not importable with torch {torch.__version__} ({type(exc).__name__})")
+    else:
+        found += [Provider("ipex rotary op (out of place)", False, _ipex(rope, ipex, inplace=False)),
+                  Provider("ipex functional (in place = op + copy back)", True, _ipex(rope, ipex, inplace=True))]
     if not quick:
         found.append(Provider("posenc compiled", False, lambda q, k, pos, *_: lambda: rope.apply(q, k, pos, impl="compiled")))
     return found, notes
@@ -113,6 +122,30 @@ def _lucidrains(cls):
         rot.rotate_queries_or_keys(torch.zeros(1, 1, 8, 128))  # fill its cache in float32 (bf16 first fills it wrong)
         offset = int(pos.flatten()[0])
         return lambda: (rot.rotate_queries_or_keys(q, offset=offset), rot.rotate_queries_or_keys(k, offset=offset))
+    return make
+
+
+def _ipex(rope, ipex, inplace: bool):
+    """Intel Extension for PyTorch's fused CPU RoPE (split-half pairs) on q and k in its own layout `[b, t, h, d]`.
+
+    Untimed set-up: q and k copied once to `[b, t, h, d]`, and its float32 `sin | cos` table holding the rows of
+    the distinct positions, indexed by `position_ids [b, t]`. `inplace=False` times the op
+    `torch_ipex.rotary_position_embedding` (out of place, one call per tensor); `inplace=True` times
+    `ipex.llm.functional.rotary_embedding`, which runs that op and copies the results back into q and k.
+    """
+    def make(q, k, pos, *_):
+        b, hq, t, d = q.shape
+        hk = k.shape[1]
+        rows, index = torch.unique(pos, return_inverse=True)  # [p] distinct positions; index: pos's shape
+        cos, sin = rope.cos_sin(rows)  # [p, d/2] float32
+        pid = index.expand(b, t).contiguous()  # [b, t] rows of the table ([t] or [b, 1] broadcast)
+        qs, ks = q.transpose(1, 2).contiguous(), k.transpose(1, 2).contiguous()  # [b, t, h, d]
+        if inplace:
+            cos_full, sin_full = torch.cat((cos, cos), -1), torch.cat((sin, sin), -1)  # [p, d], as its API takes them
+            return lambda: ipex.llm.functional.rotary_embedding(qs, ks, sin_full, cos_full, d, True, pid)
+        table = torch.cat((sin, cos), -1).contiguous()  # [p, d] = sin | cos, float32
+        op = torch.ops.torch_ipex.rotary_position_embedding
+        return lambda: (op(qs, table, pid, hq, d, d // 2, d)[0], op(ks, table, pid, hk, d, d // 2, d)[0])
     return make
 
 
