@@ -2,6 +2,7 @@
 
 import csv
 import math
+import sys
 
 import pytest
 import torch
@@ -63,3 +64,19 @@ def test_bench_oracle_is_the_2x2_rotation(pairing):
 def test_bench_cli_rejects_unknown_shapes(capsys):
     assert main(["bench", "--shapes", "huge"]) == 2
     assert "--shapes: expected names from" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("case", ["absent", "torch mismatch"])
+def test_bench_skips_ipex_cleanly_when_it_does_not_import(case, tmp_path, monkeypatch):
+    if case == "absent":
+        monkeypatch.setitem(sys.modules, "intel_extension_for_pytorch", None)  # import raises ImportError
+        expected = "intel-extension-for-pytorch: not installed"
+    else:  # IPEX 2.8's own reaction to a torch it was not built for: it calls os.exit (AttributeError)
+        (tmp_path / "intel_extension_for_pytorch").mkdir()
+        (tmp_path / "intel_extension_for_pytorch" / "__init__.py").write_text("import os\nos.exit(127)\n")
+        monkeypatch.syspath_prepend(str(tmp_path))
+        monkeypatch.delitem(sys.modules, "intel_extension_for_pytorch", raising=False)
+        expected = f"intel-extension-for-pytorch: not importable with torch {torch.__version__} (AttributeError)"
+    found, notes = bench.providers(quick=True)
+    assert not [p for p in found if p.name.startswith("ipex")]
+    assert any(n.startswith(expected) for n in notes)

@@ -40,6 +40,7 @@ class Provider:
     name: str
     inplace: bool
     make: Callable  # (q, k, pos, cos_hf, sin_hf) -> zero-argument callable returning (q_rot, k_rot) [b, h, t, d]
+    # (in place: q and k themselves, or the provider's own rotated copies)
     pairing: str | None = None  # the pairing its rotation follows (checked once against the oracle); None: a floor
 
 
@@ -87,6 +88,16 @@ def providers(quick: bool) -> tuple[list[Provider], list[str]]:
         notes.append(note)
     if torchtune_rope is not None:
         found.append(Provider("torchtune", False, _torchtune(torchtune_rope), "interleaved"))
+    try:
+        import intel_extension_for_pytorch as ipex
+    except ImportError:
+        notes.append("intel-extension-for-pytorch: not installed (needs its own torch: docs/performance.md)")
+    except Exception as exc:  # its torch-version check raises AttributeError (a typo'd os.exit) on a mismatch
+        notes.append(f"intel-extension-for-pytorch: not importable with torch {torch.__version__} ({type(exc).__name__})")
+    else:
+        found += [Provider("ipex rotary op (out of place)", False, _ipex(rope, ipex, inplace=False), "split_half"),
+                  Provider("ipex functional (in place = op + copy back)", True, _ipex(rope, ipex, inplace=True),
+                           "split_half")]
     if not quick:
         found.append(Provider("posenc compiled", False, lambda q, k, pos, *_: lambda: rope.apply(q, k, pos, impl="compiled"),
                               "split_half"))
@@ -116,12 +127,16 @@ def _complex_inplace(q, k, pos, *_):
     cos, sin = Rope(head_dim=128).cos_sin(pos)  # [.., t, 64]
     freqs = torch.complex(cos, sin)[..., None, :, :] if cos.ndim == 3 else torch.complex(cos, sin)  # [b?, 1?, t, 64]
     if q.dtype == torch.float32:
-        return lambda: (torch.view_as_complex(q.unflatten(-1, (-1, 2))).mul_(freqs),
-                        torch.view_as_complex(k.unflatten(-1, (-1, 2))).mul_(freqs))
+        def native():
+            torch.view_as_complex(q.unflatten(-1, (-1, 2))).mul_(freqs)
+            torch.view_as_complex(k.unflatten(-1, (-1, 2))).mul_(freqs)
+            return q, k
+        return native
 
     def upcast():
         for x in (q, k):
             x.copy_(torch.view_as_real(torch.view_as_complex(x.float().unflatten(-1, (-1, 2))) * freqs).flatten(-2))
+        return q, k
     return upcast
 
 
@@ -190,11 +205,36 @@ def _max_error(p: Provider, q: torch.Tensor, k: torch.Tensor, pos: torch.Tensor,
     """One untimed call of `p` on copies of q and k: the largest |result - oracle| over q and k (NaN for a floor)."""
     if p.pairing is None:
         return math.nan
-    qc, kc = q.clone(), k.clone()
-    out = p.make(qc, kc, pos, cos_hf, sin_hf)()
-    if p.inplace:
-        out = (qc, kc)
+    out = p.make(q.clone(), k.clone(), pos, cos_hf, sin_hf)()  # (q_rot, k_rot) [b, h, t, d], in place or not
     return max(float((o.double() - oracle(x, pos, p.pairing)).abs().max()) for o, x in zip(out, (q, k)))
+
+
+def _ipex(rope, ipex, inplace: bool):
+    """Intel Extension for PyTorch's fused CPU RoPE (split-half pairs) on q and k in its own layout `[b, t, h, d]`.
+
+    Untimed set-up: q and k copied once to `[b, t, h, d]`, and its float32 `sin | cos` table holding the rows of
+    the distinct positions, indexed by `position_ids [b, t]`. `inplace=False` times the op
+    `torch_ipex.rotary_position_embedding` (out of place, one call per tensor); `inplace=True` times
+    `ipex.llm.functional.rotary_embedding`, which runs that op and copies the results back into q and k.
+    """
+    def make(q, k, pos, *_):
+        b, hq, t, d = q.shape
+        hk = k.shape[1]
+        rows, index = torch.unique(pos, return_inverse=True)  # [p] distinct positions; index: pos's shape
+        cos, sin = rope.cos_sin(rows)  # [p, d/2] float32
+        pid = index.expand(b, t).contiguous()  # [b, t] rows of the table ([t] or [b, 1] broadcast)
+        qs, ks = q.transpose(1, 2).contiguous(), k.transpose(1, 2).contiguous()  # [b, t, h, d]
+        if inplace:
+            cos_full, sin_full = torch.cat((cos, cos), -1), torch.cat((sin, sin), -1)  # [p, d], as its API takes them
+            def run():
+                ipex.llm.functional.rotary_embedding(qs, ks, sin_full, cos_full, d, True, pid)
+                return qs.transpose(1, 2), ks.transpose(1, 2)  # [b, h, t, d] views
+            return run
+        table = torch.cat((sin, cos), -1).contiguous()  # [p, d] = sin | cos, float32
+        op = torch.ops.torch_ipex.rotary_position_embedding
+        return lambda: (op(qs, table, pid, hq, d, d // 2, d)[0].transpose(1, 2),
+                        op(ks, table, pid, hk, d, d // 2, d)[0].transpose(1, 2))  # [b, h, t, d] views
+    return make
 
 
 def _peak_extra_mib(fn: Callable) -> float:
