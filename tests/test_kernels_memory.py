@@ -56,6 +56,9 @@ def test_large_outputs_are_exact_with_and_without_huge_pages(dtype):
             qt = q.transpose(1, 2).contiguous().transpose(1, 2)  # bthd memory: heads inner
             got = rope.apply(qt, k, pos)
             assert torch.equal(got[0], expected[0]), on
+            partial = Rope(head_dim=128, rotary_dim=64)  # streamed rotary half, pass-through half copied
+            got, want = partial.apply(q, k, pos), partial.apply(q, k, pos, impl="reference")
+            assert torch.equal(got[0], want[0]) and torch.equal(got[0][..., 64:], q[..., 64:]), on
     finally:
         lib.posenc_set_huge_pages(1)
 
