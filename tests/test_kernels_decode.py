@@ -161,12 +161,14 @@ def test_non_contiguous_positions_are_read_through_their_strides():
         assert torch.equal(got[0], expected[0]) and torch.equal(got[1], expected[1]), step
 
 
+@pytest.mark.parametrize("pairing", ["split_half", "interleaved"])
 @pytest.mark.parametrize("head_dim", [48, 64, 80, 96, 128, 256])
-def test_bf16_wide_rows_with_edge_values_are_bit_exact(head_dim):
+def test_bf16_wide_rows_with_edge_values_are_bit_exact(head_dim, pairing):
     # 32 pairs per vector step (head_dim >= 64), then 16-pair steps, the last one masked (48: 16 + 8 pairs,
     # 80: 32 + 8): a NaN, a denormal or a denormal result anywhere in a step must send it through the
-    # exact conversion; every other block takes the one-instruction one
-    rope = Rope(head_dim=head_dim)
+    # exact conversion; every other block takes the one-instruction one. Interleaved rows: 16 pairs per
+    # step, and a step with such a lane hands the rest of the row to the exact scalar loop
+    rope = Rope(head_dim=head_dim, pairing=pairing)
     vals = torch.tensor([1e-39, -1e-39, 3e-38, 2e-38, float("inf"), float("nan"), 1.0 + 2**-8, 1.0 + 3 * 2**-8,
                          3e38, 0.0, -0.0, -1.5])
     g = torch.Generator().manual_seed(head_dim)

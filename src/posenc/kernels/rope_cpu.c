@@ -139,10 +139,57 @@ static inline int64_t split_half_f32_simd(const float *x, float *o, const float 
     }
     return half;
 }
+
+/* Interleaved float32 rows: 16 pairs per step, split into a (even lanes) and b (odd lanes) by two shuffles,
+ * rotated with the same operations, merged back by two more; the rest of the row is left to the scalar loop. */
+static const int32_t EVEN[16] = {0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30};
+static const int32_t MERGE[32] = {0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23,
+                                  8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31};
+static inline int64_t interleaved_f32_simd(const float *x, float *o, const float *c, const float *s, int64_t half) {
+    const __m512i even = _mm512_loadu_si512(EVEN), odd = _mm512_add_epi32(even, _mm512_set1_epi32(1));
+    const __m512i merge0 = _mm512_loadu_si512(MERGE), merge1 = _mm512_loadu_si512(MERGE + 16);
+    int64_t i = 0;
+    for (; i + 16 <= half; i += 16) {
+        __m512 x0 = _mm512_loadu_ps(x + 2 * i), x1 = _mm512_loadu_ps(x + 2 * i + 16);
+        __m512 a = _mm512_permutex2var_ps(x0, even, x1), b = _mm512_permutex2var_ps(x0, odd, x1);
+        __m512 ci = _mm512_loadu_ps(c + i), si = _mm512_loadu_ps(s + i);
+        __m512 lo = _mm512_sub_ps(_mm512_mul_ps(a, ci), _mm512_mul_ps(b, si));
+        __m512 hi = _mm512_add_ps(_mm512_mul_ps(b, ci), _mm512_mul_ps(a, si));
+        _mm512_storeu_ps(o + 2 * i, _mm512_permutex2var_ps(lo, merge0, hi));
+        _mm512_storeu_ps(o + 2 * i + 16, _mm512_permutex2var_ps(lo, merge1, hi));
+    }
+    return i;
+}
+
+/* Interleaved bf16 rows: a pair is one 32-bit word, so a = word << 16 and b = word & 0xffff0000 are already
+ * float32; 16 pairs per step, rounded by one cvtne2ps (then one shuffle re-interleaves) when no lane is NaN
+ * or denormal; otherwise the scalar loop takes over from that step (exact bit arithmetic). */
+static inline int64_t interleaved_bf16_simd(const uint16_t *x, uint16_t *o, const float *c, const float *s,
+                                            int64_t half) {
+    int64_t i = 0;
+#if defined(__AVX512BF16__) && defined(__AVX512DQ__)
+    static const int16_t MERGE16[32] = {0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23,
+                                        8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31};
+    const __m512i high = _mm512_set1_epi32((int)0xffff0000u), merge = _mm512_loadu_si512(MERGE16);
+    for (; i + 16 <= half; i += 16) {
+        __m512i w = _mm512_loadu_si512(x + 2 * i);
+        __m512 a = _mm512_castsi512_ps(_mm512_slli_epi32(w, 16)), b = _mm512_castsi512_ps(_mm512_and_si512(w, high));
+        __m512 ci = _mm512_loadu_ps(c + i), si = _mm512_loadu_ps(s + i);
+        __m512 lo = _mm512_sub_ps(_mm512_mul_ps(a, ci), _mm512_mul_ps(b, si));
+        __m512 hi = _mm512_add_ps(_mm512_mul_ps(b, ci), _mm512_mul_ps(a, si));
+        if (_mm512_fpclass_ps_mask(lo, 0xA1) | _mm512_fpclass_ps_mask(hi, 0xA1)) break;
+        __m512i r = (__m512i)_mm512_cvtne2ps_pbh(hi, lo); /* 16-bit lanes 0-15: lo, 16-31: hi */
+        _mm512_storeu_si512((void *)(o + 2 * i), _mm512_permutexvar_epi16(merge, r));
+    }
+#else
+    (void)x; (void)o; (void)c; (void)s; (void)half;
+#endif
+    return i;
+}
 #endif
 
 /* One row of `half` pairs: load -> rotate in compute precision -> store. ROW(T, C, LOAD, STORE). */
-#define DEFINE_ROW(NAME, ST, CT, LOAD, STORE, SIMD_START)                                                       \
+#define DEFINE_ROW(NAME, ST, CT, LOAD, STORE, SIMD_START, SIMD_IL)                                              \
 /* read pairs (2i, 2i+1), write [first | second]: through a buffer (the row may be rotated in place); \
  * its own function, so the common pairings carry no large stack frame */                          \
 __attribute__((noinline)) static void NAME##_i2sh(const ST *x, ST *o, const float *c, const float *s, \
@@ -166,8 +213,9 @@ static inline void NAME(const ST *x, ST *o, const float *c, const float *s, int6
             o[i] = STORE(lo); o[i + half] = STORE(hi);                                              \
         }                                                                                           \
     } else if (pairing == INTERLEAVED) {                                                            \
+        i = SIMD_IL(x, o, c, s, half);                                                              \
         _Pragma("GCC ivdep")                                                                        \
-        for (i = 0; i < half; i++) {                                                                \
+        for (; i < half; i++) {                                                                     \
             CT a = LOAD(x[2 * i]), b = LOAD(x[2 * i + 1]), ci = (CT)c[i], si = (CT)s[i];            \
             CT lo = a * ci - b * si, hi = b * ci + a * si;                                          \
             o[2 * i] = STORE(lo); o[2 * i + 1] = STORE(hi);                                         \
@@ -265,32 +313,36 @@ static void NAME(const Tensor4 *t, const float *cos, const float *sin, const int
 #define NO_FAST(x, o, c, s, half, nt) ((void)0)
 #ifdef POSENC_SIMD_F32
 #define F32_FAST split_half_f32_simd
+#define F32_IL interleaved_f32_simd
 #define F32_HAS_FAST 1
 #else
 #define F32_FAST NO_FAST
+#define F32_IL NO_SIMD
 #define F32_HAS_FAST 0
 #endif
-DEFINE_ROW(row_f32, float, float, ID, ID, NO_SIMD)
-DEFINE_ROW(row_f64, double, double, ID, ID, NO_SIMD)
+DEFINE_ROW(row_f32, float, float, ID, ID, NO_SIMD, F32_IL)
+DEFINE_ROW(row_f64, double, double, ID, ID, NO_SIMD, NO_SIMD)
 #define BF16_IN(v) bf16_load(v)
 #define BF16_OUT(v) bf16_store(v)
 #ifdef POSENC_SIMD_BF16
 #define BF16_SIMD(x, o, c, s, half) split_half_bf16_simd(x, o, c, s, half, 0)
 #define BF16_FAST split_half_bf16_simd
+#define BF16_IL interleaved_bf16_simd
 #define BF16_HAS_FAST 1
 #else
 #define BF16_SIMD NO_SIMD
 #define BF16_FAST NO_FAST
+#define BF16_IL NO_SIMD
 #define BF16_HAS_FAST 0
 #endif
-DEFINE_ROW(row_bf16, uint16_t, float, BF16_IN, BF16_OUT, BF16_SIMD)
+DEFINE_ROW(row_bf16, uint16_t, float, BF16_IN, BF16_OUT, BF16_SIMD, BF16_IL)
 DEFINE_TILE(tile_f32, row_f32, float, F32_FAST, F32_HAS_FAST)
 DEFINE_TILE(tile_f64, row_f64, double, NO_FAST, 0)
 DEFINE_TILE(tile_bf16, row_bf16, uint16_t, BF16_FAST, BF16_HAS_FAST)
 #ifdef __FLT16_MAX__
 #define F16_IN(v) ((float)(v))
 #define F16_OUT(v) ((_Float16)(v))
-DEFINE_ROW(row_f16, _Float16, float, F16_IN, F16_OUT, NO_SIMD)
+DEFINE_ROW(row_f16, _Float16, float, F16_IN, F16_OUT, NO_SIMD, NO_SIMD)
 DEFINE_TILE(tile_f16, row_f16, _Float16, NO_FAST, 0)
 int posenc_has_f16(void) { return 1; }
 #else
