@@ -182,3 +182,41 @@ def test_bf16_wide_rows_with_edge_values_are_bit_exact(head_dim, pairing):
         nan = expected.isnan()
         assert torch.equal(got.isnan(), nan), p
         assert torch.equal(got.view(torch.int16)[~nan], expected.view(torch.int16)[~nan]), p
+
+
+def test_in_place_refuses_q_and_k_sharing_memory_and_keeps_split_views():
+    # apply_(x, x) would rotate x twice: refused, before and after a call like it was recorded
+    rope, pos = Rope(head_dim=8), torch.arange(3)
+    x = randn(2, 4, 3, 8)
+    y = randn(2, 3, 4, 8)  # bthd memory
+    qkv = randn(2, 4, 3, 24)  # a fused projection's output
+    refused = {
+        "same tensor": (x, x),
+        "overlapping heads": (x[:, :3], x[:, 1:]),
+        "overlapping channels of one buffer": (qkv[..., :8], qkv[..., 4:12]),
+        "bthd overlapping heads": (y[:, :, :3].transpose(1, 2), y[:, :, 1:].transpose(1, 2)),
+        "broadcast q": (randn(1, 4, 3, 8).expand(2, 4, 3, 8), randn(2, 4, 3, 8)),
+    }
+    for name, (q, k) in refused.items():
+        before = x.clone(), y.clone(), qkv.clone()
+        with pytest.raises(PosencError, match="k: expected a tensor that shares no memory with q"):
+            rope.apply_(q, k, pos)
+        assert all(torch.equal(a, b) for a, b in zip(before, (x, y, qkv))), name  # nothing written
+    q, k = randn(2, 4, 3, 8), randn(2, 4, 3, 8, seed=1)
+    rope.apply_(q, k, pos)
+    rope.apply_(q, k, pos)  # recorded: the next call with this metadata takes the fast path
+    x0 = x.clone()
+    with pytest.raises(PosencError, match="shares no memory"):
+        rope.apply_(x, x, pos)
+    assert torch.equal(x, x0)
+    # disjoint views of one buffer (a fused qkv projection split; heads of one tensor) rotate as copies do
+    for q, k in [qkv.split(8, -1)[:2], (x[:, :2], x[:, 2:]), (y[:, :, :2].transpose(1, 2), y[:, :, 2:].transpose(1, 2))]:
+        expected = rope.apply(q.clone(), k.clone(), pos, impl="reference")
+        for _ in range(2):  # checked, then recorded
+            q_in, k_in = q.clone(), k.clone()
+            buf = q._base if q._base is not None else q
+            snapshot = buf.clone()
+            rope.apply_(q, k, pos)
+            assert torch.equal(q, expected[0]) and torch.equal(k, expected[1])
+            buf.copy_(snapshot)  # back to the inputs for the second round
+            assert torch.equal(q, q_in) and torch.equal(k, k_in)

@@ -23,7 +23,7 @@ from . import IMPLS, cpu
 if TYPE_CHECKING:
     from ..rope.spec import Rope
 
-__all__ = ["resolve_impl", "rope_apply", "table_rows", "fast_key", "fast_apply"]
+__all__ = ["resolve_impl", "rope_apply", "table_rows", "fast_key", "fast_apply", "aliased"]
 
 _TABLES: dict = {}  # (rope, precision, seq_len, device) -> (cos, sin), each [n, r/2] float32
 _MAX_TABLES = 16
@@ -131,14 +131,17 @@ def fast_key(rope: "Rope", q, k, position_ids, inplace: bool, layout, seq_len, p
 
 
 def fast_apply(key, q: torch.Tensor, k: torch.Tensor, position_ids: torch.Tensor, inplace: bool):
-    """`(q_rotated, k_rotated)` through the kernel arguments recorded under `key`, or None (not recorded,
-    or the kernel declined these positions: nothing was written, the checked path takes over)."""
+    """`(q_rotated, k_rotated)` through the kernel arguments recorded under `key`, or None (not recorded, q and
+    k aliased in place, or the kernel declined these positions: nothing was written, the checked path takes over)."""
     entry = _FAST.__dict__.get("calls", _NO_CALLS).get(key)
     if entry is None:
         return None
-    args, kernel, address = entry[0], entry[1], entry[2]
+    args, kernel, address, (q_end, k_end) = entry[0], entry[1], entry[2], entry[5]
+    qp, kp = q.data_ptr(), k.data_ptr()
+    if inplace and qp < kp + k_end and kp < qp + q_end and aliased(q, k):
+        return None  # the checked path refuses it
     q_out, k_out = (q, k) if inplace else (torch.empty_like(q), torch.empty_like(k))  # strides as recorded
-    args[0], args[1], args[2], args[3] = q.data_ptr(), q_out.data_ptr(), k.data_ptr(), k_out.data_ptr()
+    args[0], args[1], args[2], args[3] = qp, q_out.data_ptr(), kp, k_out.data_ptr()
     args[30] = position_ids.data_ptr()
     if kernel(address) != 0:
         del _FAST.calls[key]  # e.g. a position beyond the table: recorded again once the table has grown
@@ -146,12 +149,47 @@ def fast_apply(key, q: torch.Tensor, k: torch.Tensor, position_ids: torch.Tensor
     return q_out, k_out
 
 
+def _extent(shape, stride, elem: int) -> int:
+    """Bytes from a tensor's first element to one past its last (0 when it has no elements)."""
+    if 0 in shape:
+        return 0
+    return (1 + sum((n - 1) * st for n, st in zip(shape, stride))) * elem
+
+
+def aliased(q: torch.Tensor, k: torch.Tensor) -> bool:
+    """Whether rotating q and k in place would write some memory twice.
+
+    True when q or k has a broadcast (stride-0) dimension, or when some element of q is an element of k:
+    decided exactly when their memory ranges meet and they have the same sizes and strides (views of one
+    buffer, e.g. q and k split from a fused qkv projection: disjoint), else taken as disjoint when the
+    ranges do not meet, and as aliased when they do.
+    """
+    for x in (q, k):
+        if any(st == 0 and n > 1 for n, st in zip(x.shape, x.stride())):
+            return True
+    q_end, k_end = _extent(q.shape, q.stride(), q.element_size()), _extent(k.shape, k.stride(), k.element_size())
+    qp, kp = q.data_ptr(), k.data_ptr()
+    if not q_end or not k_end or qp >= kp + k_end or kp >= qp + q_end:
+        return False
+    if q.shape != k.shape or q.stride() != k.stride() or q.element_size() != k.element_size():
+        return True  # ranges meet and the layouts differ: not worth deciding
+    delta = abs(kp - qp)  # bytes: is it the offset of some element of q (an index vector within the sizes)?
+    for n, st in sorted(zip(q.shape, q.stride()), key=lambda d: -d[1]):
+        step = st * q.element_size()
+        if step:
+            m = min(delta // step, n - 1)
+            delta -= m * step
+    return delta == 0
+
+
 def _remember(key, args, dtype: torch.dtype, cos: torch.Tensor, sin: torch.Tensor) -> None:
     """Record packed kernel arguments under `key` for `fast_apply` (holding the tables they point to)."""
     calls = _FAST.__dict__.setdefault("calls", {})
     if len(calls) >= _MAX_FAST:
         calls.pop(next(iter(calls)))
-    calls[key] = (args, cpu.require(dtype).posenc_rope_packed, ctypes.addressof(args), cos, sin)
+    elem = torch.empty((), dtype=dtype).element_size()
+    extents = _extent(key[6], key[7], elem), _extent(key[10], key[11], elem)  # bytes spanned by q and k
+    calls[key] = (args, cpu.require(dtype).posenc_rope_packed, ctypes.addressof(args), cos, sin, extents)
 
 
 def _view4(x: torch.Tensor, layout: str) -> torch.Tensor:

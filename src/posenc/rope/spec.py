@@ -15,9 +15,9 @@ from typing import Any
 
 import torch
 
-from ..errors import boolean, check_float_tensor, choice, fail, integer, positions, real
+from ..errors import Raw, boolean, check_float_tensor, choice, fail, integer, positions, real
 from . import tables
-from ..kernels.dispatch import fast_apply, fast_key, rope_apply
+from ..kernels.dispatch import aliased, fast_apply, fast_key, rope_apply
 from .apply import LAYOUTS, PAIRINGS
 from .mrope import check_sections, mrope_axis_map, mrope_cos_sin
 from .scaling import Default, Scaling, check_base, check_seq_len
@@ -235,6 +235,9 @@ class Rope:
                 fail("k", f"size {q.shape[a]} in dim {a} (as q {tuple(q.shape)}; only heads may differ)", k)
         if k.device != q.device:
             fail("k", f"a tensor on the device of q ({q.device})", k)
+        if inplace and not torch.compiler.is_compiling() and aliased(q, k):  # (memory addresses: eager only)
+            fail("k", "a tensor that shares no memory with q (apply_ writes both; rotate one tensor with rotate)",
+                 Raw("a view of q's memory"))
         position_ids = self._check_positions(position_ids, q, layout, "q")
         return rope_apply(self, q, k, position_ids, inplace=inplace, impl=impl, layout=layout, seq_len=seq_len,
                           precision=precision, allow_negative=allow_negative, compute_dtype=compute_dtype, memo=key)
