@@ -250,3 +250,21 @@ def test_bf16_rounding_edge_values_match_reference():
         expected = rope.apply(q, q, torch.tensor([p]), impl="reference")[0]
         nan = got.isnan() & expected.isnan()
         assert torch.equal(got.view(torch.int16)[~nan], expected.view(torch.int16)[~nan]), p
+
+
+@pytest.mark.parametrize("head_dim,rotary_dim", [(4096, 2048), (4096, 4096), (4104, 64), (6000, 2050)])
+def test_rows_wider_than_the_kernel_buffers_run_on_the_reference(head_dim, rotary_dim):
+    # the C kernel takes rotary_dim <= 2048 and head_dim <= 4096; wider rows: the default impl is the
+    # reference (exact as ever), a named "cpu" says why it cannot run
+    rope = Rope(head_dim=head_dim, rotary_dim=rotary_dim)
+    q, k, pos = randn(1, 2, 3, head_dim, dtype=torch.bfloat16), randn(1, 1, 3, head_dim, seed=1), torch.arange(3) + 5
+    k = k.to(torch.bfloat16)
+    expected = rope.apply(q, k, pos, impl="reference")
+    for got in both(rope, q, k, pos):
+        assert torch.equal(got[0], expected[0]) and torch.equal(got[1], expected[1])
+    if cpu.fits(rotary_dim, head_dim):
+        got = rope.apply(q, k, pos, impl="cpu")
+        assert torch.equal(got[0], expected[0]) and torch.equal(got[1], expected[1])
+    else:
+        with pytest.raises(PosencError, match=r"^impl: expected 'cpu' with rotary_dim <= 2048 and head_dim <= 4096"):
+            rope.apply(q, k, pos, impl="cpu")

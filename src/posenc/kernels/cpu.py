@@ -26,11 +26,13 @@ import torch
 
 from ..errors import Raw, fail
 
-__all__ = ["available", "rotate", "pack", "call", "advise_huge_pages", "DTYPES", "PAIRING_CODES"]
+__all__ = ["available", "rotate", "pack", "call", "advise_huge_pages", "fits", "DTYPES", "PAIRING_CODES",
+           "MAX_ROTARY_DIM", "MAX_HEAD_DIM"]
 
 PAIRING_CODES = {"split_half": 0, "interleaved": 1, "interleaved_to_split_half": 2}
 DTYPES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2, torch.float64: 3}
 _READY: dict = {}  # dtype -> the loaded library, once `require` accepted it
+MAX_ROTARY_DIM, MAX_HEAD_DIM = 2048, 4096  # rope_cpu.c's row buffers: MAX_HALF pairs, 2 * MAX_HALF + 2048 channels
 _FLAGS = ["-O3", "-ffp-contract=off", "-fPIC", "-shared", "-std=gnu11"]  # no FMA: bit-exact vs the reference
 
 
@@ -101,6 +103,11 @@ def available(dtype: torch.dtype | None = None) -> bool:
     if isinstance(lib, str):
         return False
     return dtype is None or dtype in DTYPES and (dtype != torch.float16 or bool(lib.posenc_has_f16()))
+
+
+def fits(rotary_dim: int, head_dim: int) -> bool:
+    """Whether the kernel's row buffers hold rows this wide (larger ones run on the reference)."""
+    return rotary_dim <= MAX_ROTARY_DIM and head_dim <= MAX_HEAD_DIM
 
 
 def require(dtype: torch.dtype) -> ctypes.CDLL:

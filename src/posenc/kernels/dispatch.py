@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from ..errors import check_int_positions, fail
+from ..errors import Raw, check_int_positions, fail
 from ..rope.apply import LAYOUTS, apply_rope
 from . import IMPLS, cpu
 
@@ -249,6 +249,11 @@ def rope_apply(rope: "Rope", q: torch.Tensor, k: torch.Tensor | None, position_i
         `(q_rotated, k_rotated)` (k_rotated None when k is None): q and k themselves when `inplace`.
     """
     name = resolve_impl(impl, q, compute_dtype)
+    if name == "cpu" and not cpu.fits(rope.rotary_dim, rope.head_dim):
+        if impl is not None:
+            fail("impl", f"'cpu' with rotary_dim <= {cpu.MAX_ROTARY_DIM} and head_dim <= {cpu.MAX_HEAD_DIM}",
+                 Raw(f"rotary_dim {rope.rotary_dim}, head_dim {rope.head_dim}"))
+        name = "reference"  # the default: the reference handles any width
     xs = [x for x in (q, k) if x is not None]
     if name in ("reference", "compiled"):
         cos, sin = rope.cos_sin(position_ids, seq_len=seq_len, precision=precision,
@@ -310,7 +315,7 @@ def apply_tables(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, *, pairi
 
     fast = (x.device.type == "cpu" and layout in ("bhtd", "bthd", "thd") and not _compiling()
             and not (torch.is_grad_enabled() and x.requires_grad) and cos.dtype == sin.dtype == torch.float32
-            and _cpu_available(x.dtype))
+            and cpu.fits(2 * cos.shape[-1], x.shape[-1]) and _cpu_available(x.dtype))
     if not fast:
         return apply_rope(x, cos, sin, pairing=pairing, layout=layout)
     check_table(cos, sin, x, layout)
