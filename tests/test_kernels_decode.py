@@ -220,3 +220,17 @@ def test_in_place_refuses_q_and_k_sharing_memory_and_keeps_split_views():
             assert torch.equal(q, expected[0]) and torch.equal(k, expected[1])
             buf.copy_(snapshot)  # back to the inputs for the second round
             assert torch.equal(q, q_in) and torch.equal(k, k_in)
+
+
+def test_in_place_on_a_leaf_that_requires_grad_is_refused_by_name():
+    rope, pos = Rope(head_dim=8), torch.arange(3)
+    q, k = randn(2, 4, 3, 8).requires_grad_(), randn(2, 4, 3, 8)
+    with pytest.raises(PosencError, match=r"^q: expected a tensor autograd lets apply_ change"):
+        rope.apply_(q, k, pos)
+    with pytest.raises(PosencError, match=r"^k: expected a tensor autograd lets apply_ change"):
+        rope.apply_(k, q, pos)
+    with torch.no_grad():  # no graph: in place is fine
+        rope.apply_(q, k, pos)
+    q2 = q * 1.0  # not a leaf: recorded by autograd
+    out = rope.apply_(q2, k.clone(), pos)
+    assert out[0] is q2 and q2.grad_fn is not None

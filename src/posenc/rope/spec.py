@@ -235,6 +235,11 @@ class Rope:
                 fail("k", f"size {q.shape[a]} in dim {a} (as q {tuple(q.shape)}; only heads may differ)", k)
         if k.device != q.device:
             fail("k", f"a tensor on the device of q ({q.device})", k)
+        if inplace and torch.is_grad_enabled():
+            for arg, x in (("q", q), ("k", k)):
+                if x.requires_grad and x.is_leaf:
+                    fail(arg, "a tensor autograd lets apply_ change (not a leaf that requires grad: use apply)",
+                         Raw("a leaf tensor with requires_grad=True"))
         if inplace and not torch.compiler.is_compiling() and aliased(q, k):  # (memory addresses: eager only)
             fail("k", "a tensor that shares no memory with q (apply_ writes both; rotate one tensor with rotate)",
                  Raw("a view of q's memory"))
