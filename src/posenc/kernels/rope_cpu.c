@@ -13,7 +13,7 @@
  * matters as much as the arithmetic: rows are walked with plain pointer steps and split-half rows go
  * straight to a vector routine (no pairing switch, no scalar tail); the whole-row rework took the bf16
  * decode kernel from 15.6 to 11.3 us (copy_ of q and k: 8.6 us). Large tensors are memory-bound: each
- * row's stream is prefetched PREFETCH_BYTES ahead, and with tokens inner (bhtd) HEAD_GROUP heads walk
+ * row's stream is prefetched PREFETCH_BYTES ahead, and with tokens inner (bhtd) HEAD_GROUP bf16 heads walk
  * side by side so that each table row is read once per group.
  */
 #include <stdint.h>
@@ -33,7 +33,11 @@ enum { F32 = 0, BF16 = 1, F16 = 2, F64 = 3 };
     if (px)                                                                                           \
         for (int64_t line = 0; line < (bytes); line += 64) __builtin_prefetch((const char *)(px) + line, 1, 3)
 #ifndef HEAD_GROUP
-#define HEAD_GROUP 2 /* measured on Zen 4 (in place prefill, x copy): fp32 1: 0.64-0.73, 2: 0.63-0.69, 3: 0.84, 4: 0.84-0.88 */
+/* heads walked side by side when tokens are inner, for 2-byte types (a bf16 data row is half a table row, so
+ * sharing table rows pays; a float32 row is as large as a table row and one stream per head was faster).
+ * Measured on Zen 4, in place prefill, x copy, interleaved runs: bf16 1: 0.77-0.82, 2: 0.74-0.78; fp32 1:
+ * 0.67-0.77, 2: 0.79-0.83 (an earlier, quieter hour: fp32 1: 0.64-0.73, 2: 0.63-0.69; 3 and 4: 0.84-0.88) */
+#define HEAD_GROUP 2
 #endif
 
 typedef struct {
@@ -271,7 +275,8 @@ static void NAME(const Tensor4 *t, const float *cos, const float *sin, const int
     const int64_t xu = heads_inner ? t->xs[2] : t->xs[1], xv = heads_inner ? t->xs[1] : t->xs[2];   \
     const int64_t ou = heads_inner ? t->os[2] : t->os[1], ov = heads_inner ? t->os[1] : t->os[2];   \
     const int64_t row_bytes = t->D * (int64_t)sizeof(ST), pf = PREFETCH_BYTES / row_bytes + 1;       \
-    /* tokens inner (bhtd): HEAD_GROUP heads walk their token streams side by side, sharing each table row */ \
+    /* tokens inner (bhtd): 2-byte types walk HEAD_GROUP heads' token streams side by side (one table row each) */ \
+    const int64_t group = sizeof(ST) == 2 ? HEAD_GROUP : 1;                                         \
     if (nv == 0) return;                                                                            \
     for (int64_t b = 0; b < t->B; b++) {                                                            \
         const ST *xb = (const ST *)t->x + b * t->xs[0];                                             \
@@ -291,8 +296,8 @@ static void NAME(const Tensor4 *t, const float *cos, const float *sin, const int
             }                                                                                       \
             continue;                                                                               \
         }                                                                                           \
-        for (int64_t u0 = 0; u0 < nu; u0 += HEAD_GROUP) {                                           \
-            const int64_t g = nu - u0 < HEAD_GROUP ? nu - u0 : HEAD_GROUP;                          \
+        for (int64_t u0 = 0; u0 < nu; u0 += group) {                                                \
+            const int64_t g = nu - u0 < group ? nu - u0 : group;                                    \
             for (int64_t v = 0; v < nv; v++) {                                                      \
                 const float *c = cos + r[v] * half, *s = sin + r[v] * half;                         \
                 for (int64_t u = u0; u < u0 + g; u++) {                                             \
