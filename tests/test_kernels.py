@@ -5,6 +5,8 @@ test_rope_invariants.py; here every kernel must reproduce it bit for bit where t
 (the C kernel: fp32 math, no FMA, one rounding), in place and allocating, forward and backward.
 """
 
+import tempfile
+
 import pytest
 import torch
 from conftest import assert_close
@@ -268,3 +270,23 @@ def test_rows_wider_than_the_kernel_buffers_run_on_the_reference(head_dim, rotar
     else:
         with pytest.raises(PosencError, match=r"^impl: expected 'cpu' with rotary_dim <= 2048 and head_dim <= 4096"):
             rope.apply(q, k, pos, impl="cpu")
+
+
+def test_kernel_builds_in_the_temp_directory_when_the_cache_folder_cannot_exist(monkeypatch, tmp_path):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a folder")
+    monkeypatch.setenv("POSENC_CACHE_DIR", str(blocker / "cache"))  # a path through a file: mkdir fails
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
+    (tmp_path / "tmp").mkdir()
+    cpu._library.cache_clear()
+    dispatch._CPU_OK.clear()
+    cpu._READY.clear()
+    try:
+        rope, q, pos = Rope(head_dim=16), randn(1, 2, 3, 16), torch.arange(3)
+        got = rope.apply(q, q, pos, impl="cpu")
+        assert torch.equal(got[0], rope.apply(q, q, pos, impl="reference")[0])
+        assert list((tmp_path / "tmp").glob("posenc-*/kernels/rope_cpu-*.so"))
+    finally:
+        cpu._library.cache_clear()
+        dispatch._CPU_OK.clear()
+        cpu._READY.clear()

@@ -43,6 +43,26 @@ def _cache_dir() -> Path:
     return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "posenc" / "kernels"
 
 
+def _target(name: str) -> Path | str:
+    """Where the built library `name` is or goes: the cache folder (`_cache_dir`), or, when that cannot be
+    created (a read-only home in a container, a path through a file), a per-user folder in the temp
+    directory; a string saying why when neither can."""
+    uid = os.getuid() if hasattr(os, "getuid") else "user"
+    tried = []
+    for folder in (_cache_dir(), Path(tempfile.gettempdir()) / f"posenc-{uid}" / "kernels"):
+        if (folder / name).exists():
+            return folder / name
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            tried.append(f"{folder}: {exc.strerror or exc}")
+            continue
+        if os.access(folder, os.W_OK):
+            return folder / name
+        tried.append(f"{folder}: not writable")
+    return "no writable folder for the built kernel (set POSENC_CACHE_DIR): " + "; ".join(tried)
+
+
 def _cpu_signature() -> str:
     try:  # -march=native output depends on the CPU: key the cache on its flags
         for line in Path("/proc/cpuinfo").read_text().splitlines():
@@ -76,7 +96,9 @@ def _library() -> ctypes.CDLL | str:
         return "no C compiler found (set $CC or install gcc)"
     key = hashlib.sha256(b"\0".join([source.read_bytes(), " ".join(_FLAGS).encode(), cc.encode(),
                                      platform.machine().encode(), _cpu_signature().encode()])).hexdigest()[:16]
-    target = _cache_dir() / f"rope_cpu-{key}.so"
+    target = _target(f"rope_cpu-{key}.so")
+    if isinstance(target, str):
+        return target
     try:
         if not target.exists():
             _compile(cc, source, target)
