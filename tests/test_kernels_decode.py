@@ -234,3 +234,30 @@ def test_in_place_on_a_leaf_that_requires_grad_is_refused_by_name():
     q2 = q * 1.0  # not a leaf: recorded by autograd
     out = rope.apply_(q2, k.clone(), pos)
     assert out[0] is q2 and q2.grad_fn is not None
+
+
+@pytest.mark.parametrize("pairing", ["split_half", "interleaved"])
+@pytest.mark.parametrize("head_dim", [48, 80, 128])
+def test_float16_rows_with_edge_values_are_bit_exact(head_dim, pairing):
+    # the float16 rows use the hardware conversions: denormals, the largest finite value (rotations
+    # overflow past it), halfway cases, infinities and NaN must round as the reference's conversion does
+    rope = Rope(head_dim=head_dim, pairing=pairing)
+    vals = torch.tensor([6e-8, -6e-8, 6.1e-5, 65504.0, -65504.0, 1.0 + 2**-11, 1.0 + 3 * 2**-11, float("inf"),
+                         float("nan"), 0.0, -0.0, 3e-5])
+    g = torch.Generator().manual_seed(head_dim)
+    q = torch.randn(2, 12, 1, head_dim, generator=g)
+    for h in range(12):
+        q[:, h, 0, torch.randint(0, head_dim, (3,), generator=g)] = vals[h]
+    q = torch.cat([q, torch.full((2, 1, 1, head_dim), 6e-8)], 1).to(torch.float16)  # a head of denormals
+    k = q.flip(1).contiguous()
+    bits = q.view(torch.int16).clone(), k.view(torch.int16).clone()
+    for p in (0, 1, 7, 4095):
+        pos = torch.tensor([p])
+        expected = rope.apply(q, k, pos, impl="reference")
+        qi, ki = q.clone(), k.clone()
+        for got in (rope.apply(q, k, pos), rope.apply_(qi, ki, pos)):
+            for g_, e in zip(got, expected):
+                nan = e.isnan()
+                assert torch.equal(g_.isnan(), nan), p
+                assert torch.equal(g_.view(torch.int16)[~nan], e.view(torch.int16)[~nan]), p
+        assert torch.equal(q.view(torch.int16), bits[0]) and torch.equal(k.view(torch.int16), bits[1])  # apply: inputs kept

@@ -190,6 +190,47 @@ static inline int64_t interleaved_bf16_simd(const uint16_t *x, uint16_t *o, cons
 #endif
     return i;
 }
+
+#ifdef __FLT16_MAX__
+/* float16 rows: the hardware conversions (vcvtph2ps is exact; vcvtps2ph with round to nearest even is the
+ * conversion torch's vectorised float -> half uses), the same operations in float32 between them. Without
+ * them the scalar `(_Float16)` conversions cost ~10x the copy floor at decode. */
+#define POSENC_SIMD_F16 1
+static inline __m512 f16x16_load_mask(const _Float16 *p, __mmask16 m) {
+    return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, p));
+}
+static inline __m256i f16x16_round(__m512 v) { return _mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
+static inline int64_t split_half_f16_simd(const _Float16 *x, _Float16 *o, const float *c, const float *s,
+                                          int64_t half, int nt) {
+    (void)nt;
+    for (int64_t i = 0; i < half; i += 16) { /* 16 pairs, the last step masked */
+        __mmask16 m = half - i >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (half - i)) - 1);
+        __m512 a = f16x16_load_mask(x + i, m), b = f16x16_load_mask(x + i + half, m);
+        __m512 ci = _mm512_maskz_loadu_ps(m, c + i), si = _mm512_maskz_loadu_ps(m, s + i);
+        __m512 lo = _mm512_sub_ps(_mm512_mul_ps(a, ci), _mm512_mul_ps(b, si));
+        __m512 hi = _mm512_add_ps(_mm512_mul_ps(b, ci), _mm512_mul_ps(a, si));
+        _mm256_mask_storeu_epi16(o + i, m, f16x16_round(lo));
+        _mm256_mask_storeu_epi16(o + i + half, m, f16x16_round(hi));
+    }
+    return half;
+}
+/* Interleaved float16 rows: a pair is one 32-bit word (a: its low half, b: its high half). */
+static inline int64_t interleaved_f16_simd(const _Float16 *x, _Float16 *o, const float *c, const float *s,
+                                           int64_t half) {
+    int64_t i = 0;
+    for (; i + 16 <= half; i += 16) {
+        __m512i w = _mm512_loadu_si512(x + 2 * i);
+        __m512 a = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(w)), b = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(w, 16)));
+        __m512 ci = _mm512_loadu_ps(c + i), si = _mm512_loadu_ps(s + i);
+        __m512 lo = _mm512_sub_ps(_mm512_mul_ps(a, ci), _mm512_mul_ps(b, si));
+        __m512 hi = _mm512_add_ps(_mm512_mul_ps(b, ci), _mm512_mul_ps(a, si));
+        __m512i r = _mm512_or_si512(_mm512_cvtepu16_epi32(f16x16_round(lo)),
+                                    _mm512_slli_epi32(_mm512_cvtepu16_epi32(f16x16_round(hi)), 16));
+        _mm512_storeu_si512((void *)(o + 2 * i), r);
+    }
+    return i;
+}
+#endif
 #endif
 
 /* One row of `half` pairs: load -> rotate in compute precision -> store. ROW(T, C, LOAD, STORE). */
@@ -347,8 +388,19 @@ DEFINE_TILE(tile_bf16, row_bf16, uint16_t, BF16_FAST, BF16_HAS_FAST)
 #ifdef __FLT16_MAX__
 #define F16_IN(v) ((float)(v))
 #define F16_OUT(v) ((_Float16)(v))
-DEFINE_ROW(row_f16, _Float16, float, F16_IN, F16_OUT, NO_SIMD, NO_SIMD)
-DEFINE_TILE(tile_f16, row_f16, _Float16, NO_FAST, 0)
+#ifdef POSENC_SIMD_F16
+#define F16_SIMD(x, o, c, s, half) split_half_f16_simd(x, o, c, s, half, 0)
+#define F16_FAST split_half_f16_simd
+#define F16_IL interleaved_f16_simd
+#define F16_HAS_FAST 1
+#else
+#define F16_SIMD NO_SIMD
+#define F16_FAST NO_FAST
+#define F16_IL NO_SIMD
+#define F16_HAS_FAST 0
+#endif
+DEFINE_ROW(row_f16, _Float16, float, F16_IN, F16_OUT, F16_SIMD, F16_IL)
+DEFINE_TILE(tile_f16, row_f16, _Float16, F16_FAST, F16_HAS_FAST)
 int posenc_has_f16(void) { return 1; }
 #else
 int posenc_has_f16(void) { return 0; }
