@@ -290,3 +290,20 @@ def test_kernel_builds_in_the_temp_directory_when_the_cache_folder_cannot_exist(
         cpu._library.cache_clear()
         dispatch._CPU_OK.clear()
         cpu._READY.clear()
+
+
+def test_offsets_past_two_to_the_31_elements_in_place_and_allocating():
+    # batch index x batch stride passes 2**31 elements (8 GB of untouched virtual memory, its own pages written)
+    try:
+        q = torch.empty_strided((3, 1, 2, 64), (2**30, 128, 64, 1))
+    except (RuntimeError, MemoryError):
+        pytest.skip("no 8 GB of virtual memory here")
+    rope, pos = Rope(head_dim=64), torch.tensor([5, 9])
+    src, k = randn(3, 1, 2, 64), randn(3, 1, 2, 64, seed=1)
+    q.copy_(src)
+    expected = rope.apply(src, k, pos, impl="reference")
+    got = rope.apply(q, k, pos, impl="cpu")
+    assert torch.equal(got[0], expected[0]) and torch.equal(got[1], expected[1])
+    k_in = k.clone()
+    rope.apply_(q, k_in, pos, impl="cpu")
+    assert torch.equal(q.contiguous(), expected[0]) and torch.equal(k_in, expected[1])

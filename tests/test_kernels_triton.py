@@ -134,3 +134,40 @@ def test_fused_rope_and_kv_append(dtype):
     same(k_cache, expected_k), same(v_cache, expected_v)
     with pytest.raises(PosencError, match=r"slots: expected slots in \[0, 8\)"):
         rope_append_kv(k, v, k_cache, v_cache, positions, slots + 6, cos, sin, "interleaved")
+
+
+def _sparse(shape, strides, dtype=torch.float32):
+    """A view whose offsets pass 2**31 elements while each stride fits in int32 (8 GB of untouched virtual
+    memory; only the pages of its own elements are written), or a skip where that cannot be reserved."""
+    if torch.cuda.is_available():
+        pytest.skip("8 GB of device memory")
+    try:
+        return torch.empty_strided(shape, strides, dtype=dtype)
+    except (RuntimeError, MemoryError):
+        pytest.skip("no 8 GB of virtual memory here")
+
+
+def test_offsets_past_two_to_the_31_elements():
+    # b * batch_stride = 2 * 2**30: overflows int32 offsets (a wrong address, here a crash) unless computed in int64
+    rope, pos = Rope(head_dim=64), torch.tensor([5, 9])
+    src, k = randn(3, 1, 2, 64), randn(3, 1, 2, 64, seed=1)
+    expected = rope.apply(src, k, pos, impl="reference")
+    q = _sparse((3, 1, 2, 64), (2**30, 128, 64, 1))
+    q.copy_(src)
+    k_in = k.clone()
+    rope.apply_(q, k_in, pos, impl="triton")
+    same(q.contiguous(), expected[0]), same(k_in, expected[1])
+
+
+def test_fused_append_into_a_cache_past_two_to_the_31_elements():
+    from posenc.kernels.triton_append import rope_append_kv
+
+    rope = Rope(head_dim=32)
+    k, v = randn(3, 1, 1, 32), randn(3, 1, 1, 32, seed=1)
+    k_cache, v_cache = _sparse((3, 1, 4, 32), (2**30, 128, 32, 1)), _sparse((3, 1, 4, 32), (2**30, 128, 32, 1))
+    positions, slots = torch.tensor([[7], [8], [9]]), torch.tensor([[1], [2], [3]])
+    cos, sin = rope.cos_sin(torch.arange(16))
+    rope_append_kv(k, v, k_cache, v_cache, positions, slots, cos, sin, "split_half")
+    k_rot = rope.rotate(k, positions, impl="reference")
+    for row in range(3):
+        same(k_cache[row, :, slots[row]], k_rot[row]), same(v_cache[row, :, slots[row]], v[row])

@@ -31,7 +31,7 @@ def _append_kernel(K, V, KC, VC, COS, SIN, ROWS, SLOTS,
     h0 = tl.program_id(2) * BLOCK_H
     t = pid_t * BLOCK_T + tl.arange(0, BLOCK_T)
     t_mask = t < T
-    slot = tl.load(SLOTS + b * slots_b + t, mask=t_mask, other=0)  # [BT] cache slot of each new token
+    slot = tl.load(SLOTS + b.to(tl.int64) * slots_b + t, mask=t_mask, other=0)  # [BT] cache slot of each new token
     c, s = _cos_sin(COS, SIN, ROWS, b, rows_b, t, t_mask, half, factor, two_pi_hi, two_pi_mid, two_pi_lo,
                     BLOCK_HALF, ANGLES, False)
     _rotate_block(K, KC, skb, skh, skt, skd, scb, sch, sct, scd, b, h0, HK, t, slot, t_mask,
@@ -39,8 +39,11 @@ def _append_kernel(K, V, KC, VC, COS, SIN, ROWS, SLOTS,
     h = h0 + tl.arange(0, BLOCK_H)
     j = tl.arange(0, BLOCK_DV)
     vmask = (h < HK)[:, None, None] & t_mask[None, :, None] & (j < DV)[None, None, :]
-    vals = tl.load(V + b * svb + h[:, None, None] * svh + t[None, :, None] * svt + j[None, None, :] * svd, mask=vmask)
-    tl.store(VC + b * sub + h[:, None, None] * suh + slot[None, :, None] * sut + j[None, None, :] * sud, vals, mask=vmask)
+    b64, h64, t64 = b.to(tl.int64), h.to(tl.int64), t.to(tl.int64)  # int64 offsets (caches pass 2**31 elements)
+    vals = tl.load(V + b64 * svb + h64[:, None, None] * svh + t64[None, :, None] * svt + j[None, None, :] * svd,
+                   mask=vmask)
+    tl.store(VC + b64 * sub + h64[:, None, None] * suh + slot.to(tl.int64)[None, :, None] * sut
+             + j[None, None, :] * sud, vals, mask=vmask)
 
 
 def rope_append_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,

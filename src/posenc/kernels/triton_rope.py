@@ -41,8 +41,10 @@ def _rotate_block(X, O, sxb, sxh, sxt, sxd, sob, soh, sot, sod, b, h0, H, t, t_o
     h = h0 + tl.arange(0, BLOCK_H)
     i = tl.arange(0, BLOCK_HALF)
     mask = (h < H)[:, None, None] & t_mask[None, :, None] & (i < half)[None, None, :]  # [BH, BT, BHALF]
-    xrow = X + b * sxb + h[:, None, None] * sxh + t[None, :, None] * sxt
-    orow = O + b * sob + h[:, None, None] * soh + t_out[None, :, None] * sot  # t_out: cache slots or t
+    # offsets in int64: b * stride and t * stride pass 2**31 elements on large tensors and KV caches
+    b64, h64, t64, to64 = b.to(tl.int64), h.to(tl.int64), t.to(tl.int64), t_out.to(tl.int64)
+    xrow = X + b64 * sxb + h64[:, None, None] * sxh + t64[None, :, None] * sxt
+    orow = O + b64 * sob + h64[:, None, None] * soh + to64[None, :, None] * sot  # t_out: cache slots or t
     if PAIRING == 0:  # split-half: (i, i + r/2)
         ia = i
         ib = i + half
@@ -74,7 +76,7 @@ def _cos_sin(COS, SIN, ROWS, b, rows_b, t, t_mask, half, factor, two_pi_hi, two_
     """cos, sin `[BLOCK_T, BLOCK_HALF]` float32 of tokens `t` of batch row `b` (negated sin when INVERSE)."""
     i = tl.arange(0, BLOCK_HALF)
     tab_mask = t_mask[:, None] & (i < half)[None, :]
-    row = tl.load(ROWS + b * rows_b + t, mask=t_mask, other=0)  # [BT] table rows or positions
+    row = tl.load(ROWS + b.to(tl.int64) * rows_b + t, mask=t_mask, other=0)  # [BT] table rows or positions
     if ANGLES == 0:
         c = tl.load(COS + row[:, None] * half + i[None, :], mask=tab_mask, other=0.0)
         s = tl.load(SIN + row[:, None] * half + i[None, :], mask=tab_mask, other=0.0)
