@@ -61,9 +61,17 @@ def test_bench_oracle_is_the_2x2_rotation(pairing):
                 assert torch.allclose(got[b, :, t, list(j)], pair @ rot.T, rtol=0, atol=1e-12)
 
 
-def test_bench_cli_rejects_unknown_shapes(capsys):
-    assert main(["bench", "--shapes", "huge"]) == 2
+@pytest.mark.parametrize("shapes", ["huge", "", "decode,,prefill", " "])
+def test_bench_cli_rejects_unknown_shapes(capsys, shapes):
+    assert main(["bench", "--shapes", shapes]) == 2
     assert "--shapes: expected names from" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("rounds", ["0", "-1"])
+def test_bench_cli_rejects_rounds_below_one(capsys, tmp_path, rounds):
+    assert main(["bench", "--quick", "--shapes", "decode", "--rounds", rounds, "--out", str(tmp_path)]) == 2
+    assert f"--rounds: expected a positive integer, got {rounds}" in capsys.readouterr().err
+    assert not (tmp_path / "rope_bench.csv").exists()
 
 
 @pytest.mark.parametrize("case", ["absent", "torch mismatch"])

@@ -435,7 +435,7 @@ def main(args: argparse.Namespace) -> int:
 
     names = list(SHAPES) if args.shapes == "all" else []
     for word in ([] if args.shapes == "all" else args.shapes.split(",")):
-        match = [s for s in SHAPES if s.split()[0] == word.strip().split()[0]]
+        match = [s for s in SHAPES if word.split() and s.split()[0] == word.split()[0]]
         if not match:
             fail("--shapes", f"names from {[s.split()[0] for s in SHAPES]}", word)
         names += match
@@ -445,9 +445,14 @@ def main(args: argparse.Namespace) -> int:
         if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
             fail("--dtypes", "floating dtypes such as float32,bfloat16", name)
         dtypes.append(dtype)
+    rounds = 5 if args.quick else 15
+    if args.rounds is not None:
+        from .errors import integer
+
+        rounds = integer("--rounds", args.rounds, min=1)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    rows, notes = run(names, dtypes, args.rounds or (5 if args.quick else 15), args.quick, clock=args.clock)
+    rows, notes = run(names, dtypes, rounds, args.quick, clock=args.clock)
     extra = [f"torch {torch.__version__}, {torch.get_num_threads()} thread, quick={args.quick}, clock={args.clock}"]
     if not args.quick:
         extra.append(f"torch.compile(Rope.apply, fullgraph=True) over 16 growing lengths: {recompiles()} graphs compiled")
