@@ -200,3 +200,14 @@ def test_rich_never_crops_a_table(capsys, monkeypatch, columns):
     assert "\u2026" not in out  # rich's ellipsis: a cell cut short
     assert max(len(line) for line in out.splitlines()) <= columns
     assert "16 GB / 256 GB" in out and "609226..2.56e6" in out
+
+
+@pytest.mark.parametrize("argv", [["verify", "--quick"], ["bench", "--quick", "--shapes", "decode", "--rounds", "1"],
+                                  ["lab", "--quick"]])
+def test_an_output_folder_that_is_a_file_is_one_error_line(capsys, tmp_path, argv):
+    # verify says so before minutes of checks; the others at their first write: never a traceback
+    target = tmp_path / "a-file"
+    target.write_text("")
+    assert main([*argv, "--out", str(target)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"posenc {argv[0]}: error: ") and "a-file" in err and "Traceback" not in err

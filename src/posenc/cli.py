@@ -136,3 +136,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     except PosencError as e:
         print(f"posenc {args.command}: error: {e}", file=sys.stderr)
         return 2
+    except OSError as e:  # a path that cannot be read or written (an --out that is a file, a full disk)
+        print(f"posenc {args.command}: error: {e}", file=sys.stderr)
+        return 2

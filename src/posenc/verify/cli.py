@@ -51,6 +51,13 @@ def run(args: argparse.Namespace) -> int:
 
     if args.threads:
         torch.set_num_threads(args.threads)
+    from pathlib import Path
+
+    from ..errors import Raw, fail
+
+    out = Path(args.out)
+    if out.exists() and not out.is_dir():  # before minutes of checks, not after them
+        fail("--out", "a folder for the report", Raw(f"{out} is a file"))
     budget = BUDGETS["quick" if args.quick else "full" if args.full else "default"]
     names = parse_checks(args.checks)
     model = args.model or embedded_model_path()
