@@ -47,14 +47,14 @@ def resolve_impl(impl: str | None, x: torch.Tensor, compute_dtype: torch.dtype |
     if impl is None and compute_dtype is None and x.device.type == "cpu" and not _compiling():
         ok = _CPU_OK.get(x.dtype)  # the decode hot path: one dict look-up
         if ok is None:
-            ok = _CPU_OK[x.dtype] = _cpu_available(x.dtype)
+            ok = _CPU_OK[x.dtype] = cpu.available(x.dtype)
         return "cpu" if ok else "reference"
     default_compute = compute_dtype is None or compute_dtype == (torch.float64 if x.dtype == torch.float64 else torch.float32)
     if impl is None:
         if not default_compute or _compiling():  # under torch.compile inductor fuses the reference itself
             return "reference"
         if x.device.type == "cpu":
-            return "cpu" if _cpu_available(x.dtype) else "reference"
+            return "cpu" if cpu.available(x.dtype) else "reference"
         if x.device.type == "cuda" and triton_available():
             return "triton"
         return "reference"
@@ -69,7 +69,7 @@ def resolve_impl(impl: str | None, x: torch.Tensor, compute_dtype: torch.dtype |
     if impl == "cpu":
         if x.device.type != "cpu":
             fail("impl", f"'cpu' with CPU tensors (q is on {x.device})", impl)
-        if not _cpu_available(x.dtype):
+        if not cpu.available(x.dtype):
             cpu.require(x.dtype)  # raises, saying why
     elif impl == "triton":
         if not triton_available():
@@ -79,10 +79,6 @@ def resolve_impl(impl: str | None, x: torch.Tensor, compute_dtype: torch.dtype |
         if x.dtype not in (torch.float32, torch.bfloat16, torch.float16):
             fail("impl", f"'triton' with float32, bfloat16 or float16 (got {x.dtype})", impl)
     return impl
-
-
-def _cpu_available(dtype: torch.dtype) -> bool:
-    return cpu.available(dtype)
 
 
 def triton_available() -> bool:
@@ -182,14 +178,14 @@ def aliased(q: torch.Tensor, k: torch.Tensor) -> bool:
     return delta == 0
 
 
-def _remember(key, args, dtype: torch.dtype, cos: torch.Tensor, sin: torch.Tensor) -> None:
-    """Record packed kernel arguments under `key` for `fast_apply` (holding the tables they point to)."""
+def _remember(key, args, q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> None:
+    """Record packed kernel arguments under `key` for `fast_apply` (holding the tables they point to), with the
+    bytes q and k span (views of the call's q and k: the same memory)."""
     calls = _FAST.__dict__.setdefault("calls", {})
     if len(calls) >= _MAX_FAST:
         calls.pop(next(iter(calls)))
-    elem = torch.empty((), dtype=dtype).element_size()
-    extents = _extent(key[6], key[7], elem), _extent(key[10], key[11], elem)  # bytes spanned by q and k
-    calls[key] = (args, cpu.require(dtype).posenc_rope_packed, ctypes.addressof(args), cos, sin, extents)
+    extents = tuple(_extent(x.shape, x.stride(), x.element_size()) for x in (q, k))
+    calls[key] = (args, cpu.require(q.dtype).posenc_rope_packed, ctypes.addressof(args), cos, sin, extents)
 
 
 def _view4(x: torch.Tensor, layout: str) -> torch.Tensor:
@@ -228,7 +224,7 @@ def _cpu_cached(rope, q4, k4, qo4, ko4, position_ids, seq_len, precision, allow_
         ret = cpu.rotate(q4, k4, qo4, ko4, cos, sin, rows, rope.pairing)
         if ret == 0:
             if memo is not None and k4 is not None and rows is position_ids and rows.numel():
-                _remember(memo, cpu.pack(q4, k4, qo4, ko4, cos, sin, rows, rope.pairing), q4.dtype, cos, sin)
+                _remember(memo, cpu.pack(q4, k4, qo4, ko4, cos, sin, rows, rope.pairing), q4, k4, cos, sin)
             return True
         if ret < 0 or ret > _MAX_TABLE_ROWS:
             break
@@ -315,7 +311,7 @@ def apply_tables(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, *, pairi
 
     fast = (x.device.type == "cpu" and layout in ("bhtd", "bthd", "thd") and not _compiling()
             and not (torch.is_grad_enabled() and x.requires_grad) and cos.dtype == sin.dtype == torch.float32
-            and cpu.fits(2 * cos.shape[-1], x.shape[-1]) and _cpu_available(x.dtype))
+            and cpu.fits(2 * cos.shape[-1], x.shape[-1]) and cpu.available(x.dtype))
     if not fast:
         return apply_rope(x, cos, sin, pairing=pairing, layout=layout)
     check_table(cos, sin, x, layout)
