@@ -70,6 +70,8 @@ def test_large_fresh_output_is_advised_and_input_is_not():
     q_out, _ = rope.apply(q, q[:, :1], torch.arange(4096))
     inside = (q_out.data_ptr() + (4 << 20)) & ~((2 << 20) - 1)  # a 2 MiB-aligned address inside the output
     assert eligible(inside)
+    small, _ = rope.apply(q[:, :9, :1031], q[:, :1, :1031], torch.arange(1031))  # 4.5 MiB: past the 4 MiB bound
+    assert eligible((small.data_ptr() + (2 << 20)) & ~((2 << 20) - 1))
     rope.apply_(q, q[:, :1].clone(), torch.arange(4096))  # in place: the caller's memory is left alone
     assert not eligible((q.data_ptr() + (4 << 20)) & ~((2 << 20) - 1))
     lib = cpu.require(torch.float32)

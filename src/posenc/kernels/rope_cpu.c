@@ -32,6 +32,8 @@ enum { F32 = 0, BF16 = 1, F16 = 2, F64 = 3 };
 #define PREFETCH_ROW(px, bytes)                                                                       \
     if (px)                                                                                           \
         for (int64_t line = 0; line < (bytes); line += 64) __builtin_prefetch((const char *)(px) + line, 1, 3)
+/* fresh outputs from this size on are advised huge pages and written with streaming stores */
+#define LARGE_OUTPUT_BYTES ((int64_t)4 << 20)
 #ifndef HEAD_GROUP
 /* heads walked side by side when tokens are inner, for 2-byte types (a bf16 data row is half a table row, so
  * sharing table rows pays; a float32 row is as large as a table row and one stream per head was faster).
@@ -280,7 +282,7 @@ static int stream_ok(const Tensor4 *t, int64_t elem, int64_t half) {
     if (t->x == t->out || ((uintptr_t)t->out & 63) || (half * elem) & 63) return 0;
     for (int i = 0; i < 3; i++)
         if ((t->os[i] * elem) & 63) return 0;
-    return t->B * t->H * t->T * t->D * elem >= ((int64_t)4 << 20);
+    return t->B * t->H * t->T * t->D * elem >= LARGE_OUTPUT_BYTES;
 }
 
 /* Rotate every row of one tensor, walking memory in its own order (heads inner for bthd-like strides and
@@ -418,7 +420,7 @@ void posenc_set_huge_pages(int on) { huge_pages = on; }
 void posenc_advise_huge_pages(void *p, int64_t bytes) {
 #if defined(__linux__) && defined(MADV_HUGEPAGE)
     const int64_t huge = (int64_t)2 << 20;
-    if (!huge_pages || bytes < 2 * huge) return;
+    if (!huge_pages || bytes < LARGE_OUTPUT_BYTES) return;
     uintptr_t lo = ((uintptr_t)p + huge - 1) & ~(uintptr_t)(huge - 1);
     uintptr_t hi = ((uintptr_t)p + bytes) & ~(uintptr_t)(huge - 1);
     if (hi > lo) madvise((void *)lo, hi - lo, MADV_HUGEPAGE);
