@@ -40,31 +40,27 @@ def eligible(address: int) -> bool:
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_large_outputs_are_exact_with_and_without_huge_pages(dtype):
+def test_large_outputs_are_exact_with_and_without_huge_pages(dtype, monkeypatch):
     # >= 4 MiB fresh outputs also take the streaming (non-temporal) stores; odd token counts, GQA
     rope = Rope(head_dim=128)
     t = 1031 if dtype == torch.float32 else 2063
     q, k = randn(1, 9, t, 128, dtype=dtype), randn(1, 3, t, 128, dtype=dtype, seed=1)  # q: 4.5 MiB, k: 1.5 MiB
     pos = torch.arange(t) + 7
     expected = rope.apply(q, k, pos, impl="reference")
-    lib = cpu.require(dtype)
-    try:
-        for on in (1, 0):
-            lib.posenc_set_huge_pages(on)
-            got = rope.apply(q, k, pos)
-            assert torch.equal(got[0], expected[0]) and torch.equal(got[1], expected[1]), on
-            qt = q.transpose(1, 2).contiguous().transpose(1, 2)  # bthd memory: heads inner
-            got = rope.apply(qt, k, pos)
-            assert torch.equal(got[0], expected[0]), on
-            partial = Rope(head_dim=128, rotary_dim=64)  # streamed rotary half, pass-through half copied
-            got, want = partial.apply(q, k, pos), partial.apply(q, k, pos, impl="reference")
-            assert torch.equal(got[0], want[0]) and torch.equal(got[0][..., 64:], q[..., 64:]), on
-    finally:
-        lib.posenc_set_huge_pages(1)
+    for on in (1, 0):
+        monkeypatch.setenv("POSENC_HUGE_PAGES", str(on))
+        got = rope.apply(q, k, pos)
+        assert torch.equal(got[0], expected[0]) and torch.equal(got[1], expected[1]), on
+        qt = q.transpose(1, 2).contiguous().transpose(1, 2)  # bthd memory: heads inner
+        got = rope.apply(qt, k, pos)
+        assert torch.equal(got[0], expected[0]), on
+        partial = Rope(head_dim=128, rotary_dim=64)  # streamed rotary half, pass-through half copied
+        got, want = partial.apply(q, k, pos), partial.apply(q, k, pos, impl="reference")
+        assert torch.equal(got[0], want[0]) and torch.equal(got[0][..., 64:], q[..., 64:]), on
 
 
 @pytest.mark.skipif(thp_mode() != "madvise", reason="transparent huge pages are not in 'madvise' mode here")
-def test_large_fresh_output_is_advised_and_input_is_not():
+def test_large_fresh_output_is_advised_and_input_is_not(monkeypatch):
     rope = Rope(head_dim=128)
     q = randn(1, 32, 4096, 128)  # 64 MiB: above glibc's largest mmap threshold, so a fresh mapping every time
     q_out, _ = rope.apply(q, q[:, :1], torch.arange(4096))
@@ -74,10 +70,6 @@ def test_large_fresh_output_is_advised_and_input_is_not():
     assert eligible((small.data_ptr() + (2 << 20)) & ~((2 << 20) - 1))
     rope.apply_(q, q[:, :1].clone(), torch.arange(4096))  # in place: the caller's memory is left alone
     assert not eligible((q.data_ptr() + (4 << 20)) & ~((2 << 20) - 1))
-    lib = cpu.require(torch.float32)
-    try:
-        lib.posenc_set_huge_pages(0)
-        q_out, _ = rope.apply(q, q[:, :1], torch.arange(4096))
-        assert not eligible((q_out.data_ptr() + (4 << 20)) & ~((2 << 20) - 1))
-    finally:
-        lib.posenc_set_huge_pages(1)
+    monkeypatch.setenv("POSENC_HUGE_PAGES", "0")
+    q_out, _ = rope.apply(q, q[:, :1], torch.arange(4096))
+    assert not eligible((q_out.data_ptr() + (4 << 20)) & ~((2 << 20) - 1))

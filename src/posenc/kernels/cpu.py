@@ -1,130 +1,95 @@
-"""Launcher of the C RoPE kernel (`rope_cpu.c`, beside this file): built on first use, called through ctypes.
+"""Launcher of the C RoPE kernel (`rope_cpu.c`, beside this file), called through ctypes: a leaf.
 
-The kernel rotates q and k in one call, in place or into output buffers, reading each element once
-and writing it once, with the reference's arithmetic (bit-identical results, see the C file). It is
-compiled lazily with the system C compiler (`$CC`, else gcc, cc or clang) into a per-user cache
-(`$POSENC_CACHE_DIR`, else `$XDG_CACHE_HOME/posenc` or `~/.cache/posenc`), keyed by the source, the
-flags and the CPU, so a fresh machine builds it once (well under a second) and never again.
+The kernel takes tensors and nothing else: q and k (`[b, h, t, d]` views, any strides), their outputs
+(which may be q and k themselves), per-pair float32 tables `cos`/`sin` `[n, r/2]`, the table row of each
+token, and the pairing. It rotates q and k in one call on up to `torch.get_num_threads()` threads, reading
+each element once and writing it once, with the reference's arithmetic (bit-identical results, see the C
+file). It checks the rows itself (no host sync in Python) and writes nothing when one is out of range.
 
-A plain shared library rather than a torch C++ extension: it needs no torch headers (a torch
-extension takes ~1 min to build on a 2-core machine), and the call costs a few microseconds.
+The arguments travel as one C struct, `RopeArgs`, mirrored by the `ctypes.Structure` below; the call packs
+it with a precompiled `struct.Struct` (about 1 us, against about 7 us for building the ctypes object).
+Building and loading the library is `build.py`'s job.
 """
 
 from __future__ import annotations
 
 import ctypes
 import functools
-import hashlib
 import os
-import platform
-import shutil
-import subprocess
-import tempfile
-from pathlib import Path
+import struct
 
 import torch
 
 from ..errors import Raw, fail
+from . import build
 
-__all__ = ["available", "rotate", "pack", "call", "advise_huge_pages", "fits", "DTYPES", "PAIRING_CODES",
-           "MAX_ROTARY_DIM", "MAX_HEAD_DIM"]
+__all__ = ["available", "rope", "advise_huge_pages", "fits", "RopeArgs", "DTYPES", "PAIRING_CODES",
+           "MAX_ROTARY_DIM", "MAX_HEAD_DIM", "BAD_ARGUMENTS"]
 
 PAIRING_CODES = {"split_half": 0, "interleaved": 1, "interleaved_to_split_half": 2}
 DTYPES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2, torch.float64: 3}
-_READY: dict = {}  # dtype -> the loaded library, once `require` accepted it
 MAX_ROTARY_DIM, MAX_HEAD_DIM = 2048, 4096  # rope_cpu.c's row buffers: MAX_HALF pairs, 2 * MAX_HALF + 2048 channels
-_FLAGS = ["-O3", "-ffp-contract=off", "-fPIC", "-shared", "-std=gnu11"]  # no FMA: bit-exact vs the reference
+BAD_ARGUMENTS = -(1 << 62)  # the kernel's answer to arguments it cannot take
 
 
-def _cache_dir() -> Path:
-    root = os.environ.get("POSENC_CACHE_DIR")
-    if root:
-        return Path(root) / "kernels"
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "posenc" / "kernels"
+class RopeArgs(ctypes.Structure):
+    """`RopeArgs` of rope_cpu.c, field for field (tests/test_kernels.py checks the layout against the C side)."""
+
+    _fields_ = [("q", ctypes.c_void_p), ("q_out", ctypes.c_void_p), ("k", ctypes.c_void_p),
+                ("k_out", ctypes.c_void_p), ("cos", ctypes.c_void_p), ("sin", ctypes.c_void_p),
+                ("rows", ctypes.c_void_p), ("batch", ctypes.c_int64), ("q_heads", ctypes.c_int64),
+                ("k_heads", ctypes.c_int64), ("tokens", ctypes.c_int64), ("head_dim", ctypes.c_int64),
+                ("q_strides", ctypes.c_int64 * 4), ("q_out_strides", ctypes.c_int64 * 4),
+                ("k_strides", ctypes.c_int64 * 4), ("k_out_strides", ctypes.c_int64 * 4),
+                ("table_rows", ctypes.c_int64), ("half", ctypes.c_int64), ("rows_batch_stride", ctypes.c_int64),
+                ("dtype", ctypes.c_int32), ("pairing", ctypes.c_int32), ("threads", ctypes.c_int32),
+                ("huge_pages", ctypes.c_int32)]
 
 
-def _target(name: str) -> Path | str:
-    """Where the built library `name` is or goes: the cache folder (`_cache_dir`), or, when that cannot be
-    created (a read-only home in a container, a path through a file), a per-user folder in the temp
-    directory; a string saying why when neither can."""
-    uid = os.getuid() if hasattr(os, "getuid") else "user"
-    tried = []
-    for folder in (_cache_dir(), Path(tempfile.gettempdir()) / f"posenc-{uid}" / "kernels"):
-        if (folder / name).exists():
-            return folder / name
-        try:
-            folder.mkdir(parents=True, exist_ok=True)
-        except OSError as exc:
-            tried.append(f"{folder}: {exc.strerror or exc}")
-            continue
-        if os.access(folder, os.W_OK):
-            return folder / name
-        tried.append(f"{folder}: not writable")
-    return "no writable folder for the built kernel (set POSENC_CACHE_DIR): " + "; ".join(tried)
+_CODE = {ctypes.c_void_p: "Q", ctypes.c_int64: "q", ctypes.c_int32: "i"}
 
 
-def _cpu_signature() -> str:
-    try:  # -march=native output depends on the CPU: key the cache on its flags
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith(("flags", "Features")):
-                return line
-    except OSError:
-        pass
-    return platform.processor()
+def _format(fields) -> str:
+    """The `struct` format of a ctypes field list (no padding: every field is aligned by construction)."""
+    out = "="
+    for _, kind in fields:
+        out += f"{kind._length_}{_CODE[kind._type_]}" if hasattr(kind, "_length_") else _CODE[kind]
+    return out
 
 
-def _compile(cc: str, source: Path, target: Path) -> None:
-    target.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
-        out = Path(tmp) / target.name
-        errors = []
-        for arch in (["-march=native"], []):  # some compilers (or CPUs) reject -march=native
-            proc = subprocess.run([cc, *_FLAGS, *arch, "-o", str(out), str(source)], capture_output=True, text=True)
-            if proc.returncode == 0:
-                os.replace(out, target)  # atomic: concurrent builders never see a half-written library
-                return
-            errors.append(proc.stderr.strip()[-400:])
-        raise OSError(" / ".join(errors))
+_PACK = struct.Struct(_format(RopeArgs._fields_)).pack  # a constant: the packer of RopeArgs
+assert struct.calcsize(_format(RopeArgs._fields_)) == ctypes.sizeof(RopeArgs)
 
 
-@functools.lru_cache(maxsize=None)
-def _library() -> ctypes.CDLL | str:
-    """The loaded kernel library, or a string saying why it cannot be built."""
-    source = Path(__file__).with_name("rope_cpu.c")
-    cc = os.environ.get("CC") or shutil.which("gcc") or shutil.which("cc") or shutil.which("clang")
-    if not cc:
-        return "no C compiler found (set $CC or install gcc)"
-    key = hashlib.sha256(b"\0".join([source.read_bytes(), " ".join(_FLAGS).encode(), cc.encode(),
-                                     platform.machine().encode(), _cpu_signature().encode()])).hexdigest()[:16]
-    target = _target(f"rope_cpu-{key}.so")
-    if isinstance(target, str):
-        return target
-    try:
-        if not target.exists():
-            _compile(cc, source, target)
-        lib = ctypes.CDLL(str(target))
-    except OSError as exc:
-        return f"building {source.name} with {cc} failed: {exc}"
-    f = lib.posenc_rope_flat
-    f.restype = ctypes.c_int64
-    f.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 21 + [ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p,
-                                                                  ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p,
-                                                                  ctypes.c_int64, ctypes.c_int]
-    lib.posenc_rope_packed.restype = ctypes.c_int64
-    lib.posenc_rope_packed.argtypes = [ctypes.c_void_p]
+@functools.lru_cache(maxsize=None)  # a pure function of the loaded library: its declared entry points
+def _declared(lib: ctypes.CDLL) -> ctypes.CDLL:
+    lib.posenc_rope.restype = ctypes.c_int64
+    lib.posenc_rope.argtypes = [ctypes.c_char_p]
+    lib.posenc_args_size.restype = ctypes.c_int64
     lib.posenc_has_f16.restype = ctypes.c_int
-    lib.posenc_set_huge_pages.argtypes = [ctypes.c_int]
     lib.posenc_advise_huge_pages.argtypes = [ctypes.c_void_p, ctypes.c_int64]
-    lib.posenc_set_huge_pages(os.environ.get("POSENC_HUGE_PAGES", "1") != "0")
     return lib
+
+
+def _lib() -> ctypes.CDLL | str:
+    lib = build.library()
+    return lib if isinstance(lib, str) else _declared(lib)
+
+
+def library_for(dtype: torch.dtype) -> ctypes.CDLL | None:
+    """The library when it runs `dtype` here, else None (the hot path's one question)."""
+    lib = build.library()
+    if isinstance(lib, str) or dtype not in DTYPES:
+        return None
+    lib = _declared(lib)
+    return lib if dtype is not torch.float16 or lib.posenc_has_f16() else None
 
 
 def available(dtype: torch.dtype | None = None) -> bool:
     """True when the kernel builds (or is built) here and supports `dtype` (any supported dtype if None)."""
-    lib = _library()
-    if isinstance(lib, str):
-        return False
-    return dtype is None or dtype in DTYPES and (dtype != torch.float16 or bool(lib.posenc_has_f16()))
+    if dtype is None:
+        return not isinstance(build.library(), str)
+    return library_for(dtype) is not None
 
 
 def fits(rotary_dim: int, head_dim: int) -> bool:
@@ -134,7 +99,7 @@ def fits(rotary_dim: int, head_dim: int) -> bool:
 
 def require(dtype: torch.dtype) -> ctypes.CDLL:
     """The library, or `PosencError` naming impl 'cpu' and why it cannot run."""
-    lib = _library()
+    lib = _lib()
     if isinstance(lib, str):
         fail("impl", "'cpu' to be buildable", Raw(lib))
     if not available(dtype):
@@ -142,38 +107,9 @@ def require(dtype: torch.dtype) -> ctypes.CDLL:
     return lib
 
 
-_Args = ctypes.c_int64 * 33  # posenc_rope_flat's arguments; slots 0-3: q, q_out, k, k_out; 30: rows
-
-
-def pack(
+def rope(
     q: torch.Tensor, k: torch.Tensor | None, q_out: torch.Tensor, k_out: torch.Tensor | None,
-    cos: torch.Tensor, sin: torch.Tensor, rows: torch.Tensor, pairing: str,
-) -> ctypes.Array:
-    """The kernel's arguments for these tensors as one int64 array (see `rotate` for the arguments).
-
-    A caller may keep the array and rewrite only the data pointers in slots 0-3 (q, q_out, k, k_out)
-    and 30 (rows) for tensors of the same shapes and strides; cos and sin must stay alive meanwhile.
-    """
-    if k is None:
-        k_args = (0, 0, 0, *q.stride(), *q.stride())
-    else:
-        k_args = (k.data_ptr(), k_out.data_ptr(), k.shape[1], *k.stride(), *k_out.stride())
-    b, hq, t, d = q.shape
-    return _Args(q.data_ptr(), q_out.data_ptr(), k_args[0], k_args[1], b, hq, k_args[2], t, d, *q.stride(),
-                 *q_out.stride(), *k_args[3:], DTYPES[q.dtype], cos.data_ptr(), sin.data_ptr(), cos.shape[0],
-                 cos.shape[1], rows.data_ptr(), rows.shape[-1] if rows.ndim == 2 and rows.shape[0] > 1 else 0,
-                 PAIRING_CODES[pairing])
-
-
-def call(args: ctypes.Array, dtype: torch.dtype) -> int:
-    """Run the kernel on packed arguments (`pack`); returns as `rotate`."""
-    lib = _READY.get(dtype) or _READY.setdefault(dtype, require(dtype))  # checked once per dtype
-    return lib.posenc_rope_packed(ctypes.addressof(args))
-
-
-def rotate(
-    q: torch.Tensor, k: torch.Tensor | None, q_out: torch.Tensor, k_out: torch.Tensor | None,
-    cos: torch.Tensor, sin: torch.Tensor, rows: torch.Tensor, pairing: str,
+    cos: torch.Tensor, sin: torch.Tensor, rows: torch.Tensor, pairing: str, *, lib: ctypes.CDLL | None = None,
 ) -> int:
     """Rotate q (and k) into q_out (and k_out), which may be q and k themselves.
 
@@ -182,20 +118,36 @@ def rotate(
         cos, sin: contiguous float32 tables `[n, r/2]`.
         rows: contiguous int64 `[t]` or `[b, t]`: the table row of each token.
         pairing: a name from `PAIRING_CODES`.
+        lib: the library (`require(q.dtype)`), when the caller already holds it.
     Returns:
-        0 when done; otherwise nothing was written and the value says why: < 0, the most negative row;
-        > 0, the table length the rows need.
+        0 when done; otherwise nothing was written and the value says why: `BAD_ARGUMENTS`, arguments the
+        kernel cannot take; < 0, the most negative row; > 0, the table length the rows need.
     """
+    if lib is None:
+        lib = require(q.dtype)
     if rows.numel() == 0:  # no tokens or no batch rows: nothing to do (and no row to read)
-        require(q.dtype)
         return 0
-    return call(pack(q, k, q_out, k_out, cos, sin, rows, pairing), q.dtype)
+    b, hq, t, d = q.shape
+    qs = q.stride()
+    qos = qs if q_out is q else q_out.stride()
+    if k is None:
+        k_ptr = k_out_ptr = hk = 0
+        ks = kos = qs
+    else:
+        ks = k.stride()
+        kos = ks if k_out is k else k_out.stride()
+        k_ptr, k_out_ptr, hk = k.data_ptr(), k_out.data_ptr(), k.shape[1]
+    args = _PACK(q.data_ptr(), q_out.data_ptr(), k_ptr, k_out_ptr, cos.data_ptr(), sin.data_ptr(), rows.data_ptr(),
+                 b, hq, hk, t, d, *qs, *qos, *ks, *kos, cos.shape[0], cos.shape[1],
+                 t if rows.ndim == 2 and rows.shape[0] > 1 else 0, DTYPES[q.dtype], PAIRING_CODES[pairing],
+                 torch.get_num_threads(), q_out is not q and os.environ.get("POSENC_HUGE_PAGES", "1") != "0")
+    return lib.posenc_rope(args)
 
 
 def advise_huge_pages(x: torch.Tensor) -> torch.Tensor:
     """Ask for transparent huge pages on a fresh CPU tensor's memory before its first write (as the kernel does
     for its own outputs of >= 4 MiB; a hint, nothing without Linux THP or with `POSENC_HUGE_PAGES=0`). Returns x."""
-    lib = _library()
-    if not isinstance(lib, str) and x.device.type == "cpu":
+    lib = _lib()
+    if not isinstance(lib, str) and x.device.type == "cpu" and os.environ.get("POSENC_HUGE_PAGES", "1") != "0":
         lib.posenc_advise_huge_pages(x.data_ptr(), x.numel() * x.element_size())
     return x

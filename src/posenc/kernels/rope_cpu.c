@@ -18,6 +18,7 @@
  */
 #include <stdint.h>
 #include <string.h>
+#include <pthread.h>
 #if defined(__linux__)
 #include <sys/mman.h>
 #endif
@@ -308,7 +309,7 @@ static inline __attribute__((always_inline)) void NAME##_row(const Tensor4 *t, c
     }                                                                                               \
 }                                                                                                   \
 static void NAME(const Tensor4 *t, const float *cos, const float *sin, const int64_t *rows, int64_t rows_b, \
-                 int64_t half, int pairing) {                                                       \
+                 int64_t half, int pairing, int64_t j0, int64_t j1) {                               \
     const int contiguous = t->xs[3] == 1 && t->os[3] == 1;                                          \
     const int fast = contiguous && pairing == SPLIT_HALF && HAS_FAST;                              \
     const int nt = fast && stream_ok(t, (int64_t)sizeof(ST), half);                                 \
@@ -320,37 +321,36 @@ static void NAME(const Tensor4 *t, const float *cos, const float *sin, const int
     const int64_t row_bytes = t->D * (int64_t)sizeof(ST), pf = PREFETCH_BYTES / row_bytes + 1;       \
     /* tokens inner (bhtd): 2-byte types walk HEAD_GROUP heads' token streams side by side (one table row each) */ \
     const int64_t group = sizeof(ST) == 2 ? HEAD_GROUP : 1;                                         \
+    const int64_t per_b = heads_inner ? nu : (nu + group - 1) / group; /* units of one batch row */ \
     if (nv == 0) return;                                                                            \
-    for (int64_t b = 0; b < t->B; b++) {                                                            \
+    for (int64_t j = j0; j < j1; j++) { /* unit j: one token (heads inner) or one head group */    \
+        const int64_t b = j / per_b, w = j % per_b;                                                 \
         const ST *xb = (const ST *)t->x + b * t->xs[0];                                             \
         ST *ob = (ST *)t->out + b * t->os[0];                                                       \
         const int64_t *r = rows + b * rows_b;                                                       \
         if (heads_inner) { /* one table row per token, its heads in one stream (the hardware prefetcher's) */ \
-            for (int64_t u = 0; u < nu; u++) {                                                      \
-                const ST *x = xb + u * xu;                                                          \
-                ST *o = ob + u * ou;                                                                \
-                const float *c = cos + r[u] * half, *s = sin + r[u] * half;                         \
-                for (int64_t v = 0; v < nv; v++, x += xv, o += ov) {                                \
-                    const ST *px = v + pf < nv ? x + pf * xv                                        \
-                                 : u + 1 < nu && v + pf - nv < nv ? xb + (u + 1) * xu + (v + pf - nv) * xv : 0; \
-                    PREFETCH_ROW(px, row_bytes);                                                    \
-                    NAME##_row(t, x, o, c, s, half, pairing, fast, nt, contiguous, pass);           \
-                }                                                                                   \
+            const int64_t u = w;                                                                    \
+            const ST *x = xb + u * xu;                                                              \
+            ST *o = ob + u * ou;                                                                    \
+            const float *c = cos + r[u] * half, *s = sin + r[u] * half;                             \
+            for (int64_t v = 0; v < nv; v++, x += xv, o += ov) {                                    \
+                const ST *px = v + pf < nv ? x + pf * xv                                            \
+                             : u + 1 < nu && v + pf - nv < nv ? xb + (u + 1) * xu + (v + pf - nv) * xv : 0; \
+                PREFETCH_ROW(px, row_bytes);                                                        \
+                NAME##_row(t, x, o, c, s, half, pairing, fast, nt, contiguous, pass);               \
             }                                                                                       \
             continue;                                                                               \
         }                                                                                           \
-        for (int64_t u0 = 0; u0 < nu; u0 += group) {                                                \
-            const int64_t g = nu - u0 < group ? nu - u0 : group;                                    \
-            for (int64_t v = 0; v < nv; v++) {                                                      \
-                const float *c = cos + r[v] * half, *s = sin + r[v] * half;                         \
-                for (int64_t u = u0; u < u0 + g; u++) {                                             \
-                    const ST *x = xb + u * xu + v * xv;                                             \
-                    /* prefetch pf rows ahead in this head's stream, else in the next group's */     \
-                    const ST *px = v + pf < nv ? x + pf * xv                                        \
-                                 : u + g < nu && v + pf - nv < nv ? xb + (u + g) * xu + (v + pf - nv) * xv : 0; \
-                    PREFETCH_ROW(px, row_bytes);                                                    \
-                    NAME##_row(t, x, ob + u * ou + v * ov, c, s, half, pairing, fast, nt, contiguous, pass); \
-                }                                                                                   \
+        const int64_t u0 = w * group, g = nu - u0 < group ? nu - u0 : group;                        \
+        for (int64_t v = 0; v < nv; v++) {                                                          \
+            const float *c = cos + r[v] * half, *s = sin + r[v] * half;                             \
+            for (int64_t u = u0; u < u0 + g; u++) {                                                 \
+                const ST *x = xb + u * xu + v * xv;                                                 \
+                /* prefetch pf rows ahead in this head's stream, else in the next group's */         \
+                const ST *px = v + pf < nv ? x + pf * xv                                            \
+                             : u + g < nu && v + pf - nv < nv ? xb + (u + g) * xu + (v + pf - nv) * xv : 0; \
+                PREFETCH_ROW(px, row_bytes);                                                        \
+                NAME##_row(t, x, ob + u * ou + v * ov, c, s, half, pairing, fast, nt, contiguous, pass); \
             }                                                                                       \
         }                                                                                           \
     }                                                                                               \
@@ -410,8 +410,22 @@ int posenc_has_f16(void) { return 0; }
 
 int posenc_has_f16(void);
 
-static int huge_pages = 1;
-void posenc_set_huge_pages(int on) { huge_pages = on; }
+
+/* The one entry point's arguments (mirrored field for field by `RopeArgs` in cpu.py). Strides are in
+ * elements over (B, H, T, D); `k == 0` rotates q only; outputs may be the inputs (in place). */
+typedef struct {
+    void *q, *q_out, *k, *k_out;
+    const float *cos, *sin;        /* per-pair tables [table_rows, half], float32, contiguous */
+    const int64_t *rows;           /* the table row of each token: [B, T] (rows_batch_stride = T) or [T] (0) */
+    int64_t batch, q_heads, k_heads, tokens, head_dim;
+    int64_t q_strides[4], q_out_strides[4], k_strides[4], k_out_strides[4];
+    int64_t table_rows, half, rows_batch_stride;
+    int32_t dtype, pairing;
+    int32_t threads;               /* at most this many threads (the caller passes torch.get_num_threads()) */
+    int32_t huge_pages;            /* advise huge pages on fresh outputs of >= LARGE_OUTPUT_BYTES */
+} RopeArgs;
+
+int64_t posenc_args_size(void) { return (int64_t)sizeof(RopeArgs); }
 
 /* An output of >= 4 MiB that is not the input (a fresh tensor of `Rope.apply`): ask Linux for transparent
  * huge pages on its 2 MiB-aligned interior before the first write, so that it faults once per 2 MiB instead
@@ -420,7 +434,7 @@ void posenc_set_huge_pages(int on) { huge_pages = on; }
 void posenc_advise_huge_pages(void *p, int64_t bytes) {
 #if defined(__linux__) && defined(MADV_HUGEPAGE)
     const int64_t huge = (int64_t)2 << 20;
-    if (!huge_pages || bytes < LARGE_OUTPUT_BYTES) return;
+    if (bytes < LARGE_OUTPUT_BYTES) return;
     uintptr_t lo = ((uintptr_t)p + huge - 1) & ~(uintptr_t)(huge - 1);
     uintptr_t hi = ((uintptr_t)p + bytes) & ~(uintptr_t)(huge - 1);
     if (hi > lo) madvise((void *)lo, hi - lo, MADV_HUGEPAGE);
@@ -440,60 +454,103 @@ static void advise_output(const Tensor4 *t, int64_t elem) {
     posenc_advise_huge_pages(t->out, span * elem);
 }
 
-/* Rotate q and (if k->x is non-null) k. Returns 0 when done; nothing is written otherwise:
- * < 0: the most negative row found (a negative position); > 0: the table length the rows need. */
-int64_t posenc_rope(const Tensor4 *q, const Tensor4 *k, int dtype, const float *cos, const float *sin,
-                    int64_t n_rows, int64_t half, const int64_t *rows, int64_t rows_b, int pairing) {
-    int64_t lo = 0, hi = -1, nb = rows_b ? q->B : 1;
-    for (int64_t i = 0; i < nb * q->T; i++) {
-        int64_t r = rows[i];
-        if (r < lo) lo = r;
-        if (r > hi) hi = r;
-    }
-    if (lo < 0) return lo;
-    if (hi >= n_rows) return hi + 1;
-    if (half > MAX_HALF || q->D > 2 * MAX_HALF + 2048) return -(int64_t)1 << 62;
-    if (dtype < F32 || dtype > F64 || (dtype == F16 && !posenc_has_f16())) return -(int64_t)1 << 62;
-    /* each tensor in one sweep (token tiles that keep table rows in L1 measured 1.4-2.5x slower: they break
-     * the long sequential streams the hardware prefetcher follows) */
-    for (int which = 0; which < 2; which++) {
-        const Tensor4 *t = which ? k : q;
-        if (t == 0 || t->x == 0) continue;
-        advise_output(t, dtype == F64 ? 8 : dtype == F32 ? 4 : 2);
-        switch (dtype) {
-            case F32: tile_f32(t, cos, sin, rows, rows_b, half, pairing); break;
-            case BF16: tile_bf16(t, cos, sin, rows, rows_b, half, pairing); break;
-            case F64: tile_f64(t, cos, sin, rows, rows_b, half, pairing); break;
+/* Units of work of one tensor (see DEFINE_TILE): a token with all its heads (heads inner) or a group of
+ * heads with all their tokens (tokens inner); units are what threads split. */
+static int64_t tile_units(const Tensor4 *t, int64_t elem) {
+    const int heads_inner = t->T == 1 || t->xs[1] < t->xs[2];
+    const int64_t group = elem == 2 ? HEAD_GROUP : 1;
+    if (t->H == 0 || t->T == 0) return 0;
+    return t->B * (heads_inner ? t->T : (t->H + group - 1) / group);
+}
+
+typedef struct {
+    const RopeArgs *a;
+    const Tensor4 *t[2];           /* q, then k (or 0) */
+    int64_t units[2], begin, end;  /* this worker's units [begin, end) of q's units followed by k's */
+} Work;
+
+static void tile(const Tensor4 *t, const RopeArgs *a, int64_t j0, int64_t j1) {
+    switch (a->dtype) {
+        case F32: tile_f32(t, a->cos, a->sin, a->rows, a->rows_batch_stride, a->half, a->pairing, j0, j1); break;
+        case BF16: tile_bf16(t, a->cos, a->sin, a->rows, a->rows_batch_stride, a->half, a->pairing, j0, j1); break;
+        case F64: tile_f64(t, a->cos, a->sin, a->rows, a->rows_batch_stride, a->half, a->pairing, j0, j1); break;
 #ifdef __FLT16_MAX__
-            case F16: tile_f16(t, cos, sin, rows, rows_b, half, pairing); break;
+        case F16: tile_f16(t, a->cos, a->sin, a->rows, a->rows_batch_stride, a->half, a->pairing, j0, j1); break;
 #endif
-        }
+    }
+}
+
+static void *work(void *arg) {
+    const Work *w = (const Work *)arg;
+    int64_t offset = 0;
+    for (int i = 0; i < 2; i++) {
+        const int64_t lo = w->begin > offset ? w->begin : offset;
+        const int64_t hi = w->end < offset + w->units[i] ? w->end : offset + w->units[i];
+        if (w->t[i] && hi > lo) tile(w->t[i], w->a, lo - offset, hi - offset);
+        offset += w->units[i];
     }
 #ifdef POSENC_SIMD_F32
-    _mm_sfence(); /* order streaming stores before the caller reads the outputs */
+    _mm_sfence(); /* order this thread's streaming stores before the caller reads the outputs */
 #endif
     return 0;
 }
 
-/* The same with every field as a scalar argument: building two ctypes structures per call costs more
- * than the decode-sized kernel itself. k_x == 0 rotates q only. */
-int64_t posenc_rope_flat(void *q_x, void *q_out, void *k_x, void *k_out, int64_t B, int64_t HQ, int64_t HK,
-                         int64_t T, int64_t D, int64_t qs0, int64_t qs1, int64_t qs2, int64_t qs3, int64_t qos0,
-                         int64_t qos1, int64_t qos2, int64_t qos3, int64_t ks0, int64_t ks1, int64_t ks2, int64_t ks3,
-                         int64_t kos0, int64_t kos1, int64_t kos2, int64_t kos3, int dtype, const float *cos,
-                         const float *sin, int64_t n_rows, int64_t half, const int64_t *rows, int64_t rows_b,
-                         int pairing) {
-    Tensor4 q = {q_x, q_out, B, HQ, T, D, {qs0, qs1, qs2, qs3}, {qos0, qos1, qos2, qos3}};
-    Tensor4 k = {k_x, k_out, B, HK, T, D, {ks0, ks1, ks2, ks3}, {kos0, kos1, kos2, kos3}};
-    return posenc_rope(&q, k_x ? &k : 0, dtype, cos, sin, n_rows, half, rows, rows_b, pairing);
-}
+#define MAX_THREADS 256
+#ifndef MIN_BYTES_PER_THREAD
+/* below this much data per thread a thread's start (~10-30 us) costs more than it saves */
+#define MIN_BYTES_PER_THREAD ((int64_t)512 << 10)
+#endif
 
-/* The same arguments packed in one int64 array, in posenc_rope_flat's order (pointers as integers): a
- * caller that keeps the array between calls rewrites only the data pointers (ctypes converts one
- * argument instead of 33, ~2.5 us less per decode call). */
-int64_t posenc_rope_packed(const int64_t *a) {
-    return posenc_rope_flat((void *)a[0], (void *)a[1], (void *)a[2], (void *)a[3], a[4], a[5], a[6], a[7], a[8],
-                            a[9], a[10], a[11], a[12], a[13], a[14], a[15], a[16], a[17], a[18], a[19], a[20], a[21],
-                            a[22], a[23], a[24], (int)a[25], (const float *)a[26], (const float *)a[27], a[28], a[29],
-                            (const int64_t *)a[30], a[31], (int)a[32]);
+/* Rotate q and (if a->k) k. Returns 0 when done; nothing is written otherwise:
+ * < 0: the most negative row found (a negative position); > 0: the table length the rows need;
+ * -2**62: arguments the kernel cannot take (a row wider than its buffers, an unknown dtype). */
+int64_t posenc_rope(const RopeArgs *a) {
+    int64_t lo = 0, hi = -1, nb = a->rows_batch_stride ? a->batch : 1;
+    for (int64_t i = 0; i < nb * a->tokens; i++) {
+        int64_t r = a->rows[i];
+        if (r < lo) lo = r;
+        if (r > hi) hi = r;
+    }
+    if (lo < 0) return lo;
+    if (hi >= a->table_rows) return hi + 1;
+    if (a->half > MAX_HALF || a->head_dim > 2 * MAX_HALF + 2048) return -(int64_t)1 << 62;
+    if (a->dtype < F32 || a->dtype > F64 || (a->dtype == F16 && !posenc_has_f16())) return -(int64_t)1 << 62;
+    const int64_t elem = a->dtype == F64 ? 8 : a->dtype == F32 ? 4 : 2;
+    Tensor4 q = {a->q, a->q_out, a->batch, a->q_heads, a->tokens, a->head_dim, {0}, {0}};
+    Tensor4 k = {a->k, a->k_out, a->batch, a->k_heads, a->tokens, a->head_dim, {0}, {0}};
+    memcpy(q.xs, a->q_strides, sizeof q.xs); memcpy(q.os, a->q_out_strides, sizeof q.os);
+    memcpy(k.xs, a->k_strides, sizeof k.xs); memcpy(k.os, a->k_out_strides, sizeof k.os);
+    Work all = {a, {&q, a->k ? &k : 0}, {tile_units(&q, elem), a->k ? tile_units(&k, elem) : 0}, 0, 0};
+    const int64_t bytes_per_unit[2] = {all.units[0] ? a->batch * a->q_heads * a->tokens * a->head_dim * elem / all.units[0] : 0,
+                                       all.units[1] ? a->batch * a->k_heads * a->tokens * a->head_dim * elem / all.units[1] : 0};
+    const int64_t total = all.units[0] * bytes_per_unit[0] + all.units[1] * bytes_per_unit[1];
+    int64_t n = a->threads < 1 ? 1 : a->threads > MAX_THREADS ? MAX_THREADS : a->threads;
+    if (n > total / MIN_BYTES_PER_THREAD) n = total / MIN_BYTES_PER_THREAD > 1 ? total / MIN_BYTES_PER_THREAD : 1;
+    if (n > all.units[0] + all.units[1]) n = all.units[0] + all.units[1] > 1 ? all.units[0] + all.units[1] : 1;
+    if (a->huge_pages) {
+        advise_output(&q, elem);
+        if (a->k) advise_output(&k, elem);
+    }
+    Work part[MAX_THREADS];
+    pthread_t ids[MAX_THREADS];
+    char running[MAX_THREADS] = {0};
+    int64_t prev = 0;
+    for (int64_t i = 0; i < n; i++) { /* split by bytes: under GQA a unit of q is larger than one of k */
+        const int64_t cut = total / n * (i + 1), q_bytes = all.units[0] * bytes_per_unit[0];
+        int64_t end = cut < q_bytes ? cut / bytes_per_unit[0]
+                                    : all.units[0] + (bytes_per_unit[1] ? (cut - q_bytes) / bytes_per_unit[1] : 0);
+        if (i + 1 == n) end = all.units[0] + all.units[1];
+        part[i] = all;
+        part[i].begin = prev;
+        part[i].end = end;
+        prev = end;
+    }
+    for (int64_t i = 1; i < n; i++) /* the calling thread takes part 0; a part whose thread cannot start runs here */
+        running[i] = pthread_create(&ids[i], 0, work, &part[i]) == 0;
+    work(&part[0]);
+    for (int64_t i = 1; i < n; i++) {
+        if (running[i]) pthread_join(ids[i], 0);
+        else work(&part[i]);
+    }
+    return 0;
 }
