@@ -14,7 +14,8 @@ from test_rope_invariants import oracle, ref_inv_freq
 
 import posenc
 from posenc import PosencError, Rope
-from posenc.kernels import cpu, dispatch
+from posenc.kernels import build, cpu
+from posenc.rope import route
 from posenc.rope.scaling import DynamicNTK, YaRN
 
 pytestmark = pytest.mark.skipif(not cpu.available(), reason="no C compiler for the cpu kernel")
@@ -103,14 +104,17 @@ def test_positions_shapes_gqa_and_batch_broadcast():
             assert torch.equal(got[0], expected[0]) and torch.equal(got[1], expected[1])
 
 
-def test_table_grows_past_cached_rows_and_rows_equal_per_call_tables():
+def test_held_table_rows_equal_per_call_tables():
     rope = Rope(head_dim=64, base=1234.5)
     pos = torch.tensor([[3, 70000, 5]])  # beyond the first 4096-row table: it grows
     q, k = randn(1, 2, 3, 64), randn(1, 1, 3, 64)
     expected = rope.apply(q, k, pos, impl="reference")
     got = rope.apply(q, k, pos)
     assert torch.equal(got[0], expected[0]) and torch.equal(got[1], expected[1])
-    cos, sin = dispatch.table_rows(rope, 70001, "float32", None, torch.device("cpu"))
+    table = rope.table(70001)
+    cos, sin = table.cos, table.sin
+    got = rope.apply(q, k, pos, table=table)
+    assert torch.equal(got[0], expected[0]) and torch.equal(got[1], expected[1])
     sample = torch.randint(0, 70001, (4, 33), generator=torch.Generator().manual_seed(0))
     c2, s2 = rope.cos_sin(sample)  # [4, 33, 32]: a table row is the same bits wherever it is computed
     assert torch.equal(cos[sample], c2) and torch.equal(sin[sample], s2)
@@ -204,7 +208,7 @@ def test_explicit_impl_never_falls_back(monkeypatch, tmp_path):
         rope.apply(q, q, pos, impl="fast")
     with pytest.raises(PosencError, match=r"impl: expected 'reference' or 'compiled' for compute_dtype"):
         rope.apply(q, q, pos, impl="cpu", compute_dtype=torch.bfloat16)
-    if not dispatch.triton_available():
+    if not route.triton_available():
         with pytest.raises(PosencError, match=r"impl: expected 'triton' with the triton package"):
             rope.apply(q, q, pos, impl="triton")
     else:
@@ -214,18 +218,14 @@ def test_explicit_impl_never_falls_back(monkeypatch, tmp_path):
     # no compiler: the named impl raises, the default quietly uses the reference
     monkeypatch.setenv("CC", str(tmp_path / "no-such-cc"))
     monkeypatch.setenv("POSENC_CACHE_DIR", str(tmp_path))
-    cpu._library.cache_clear()
-    dispatch._CPU_OK.clear()
-    cpu._READY.clear()
+    build.library.cache_clear()
     try:
         with pytest.raises(PosencError, match=r"impl: expected 'cpu' to be buildable, got building rope_cpu.c"):
             rope.apply(q, q, pos, impl="cpu")
         expected = rope.apply(q, q, pos, impl="reference")
         assert torch.equal(rope.apply(q, q, pos)[0], expected[0])
     finally:
-        cpu._library.cache_clear()
-        dispatch._CPU_OK.clear()
-        cpu._READY.clear()
+        build.library.cache_clear()
 
 
 def test_decoder_tables_path_matches_reference():
@@ -237,7 +237,7 @@ def test_decoder_tables_path_matches_reference():
                 torch.tensor([5])):
         cos, sin = rope.cos_sin(pos)
         x_in = x if pos.shape[-1] == 6 else x[:, :, :1]
-        assert torch.equal(dispatch.apply_tables(x_in, cos, sin, pairing="interleaved"),
+        assert torch.equal(route.rotate(x_in, None, cos, sin, None, "interleaved")[0],
                            apply_rope(x_in, cos, sin, pairing="interleaved"))
 
 
@@ -278,18 +278,14 @@ def test_kernel_builds_in_the_temp_directory_when_the_cache_folder_cannot_exist(
     monkeypatch.setenv("POSENC_CACHE_DIR", str(blocker / "cache"))  # a path through a file: mkdir fails
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
     (tmp_path / "tmp").mkdir()
-    cpu._library.cache_clear()
-    dispatch._CPU_OK.clear()
-    cpu._READY.clear()
+    build.library.cache_clear()
     try:
         rope, q, pos = Rope(head_dim=16), randn(1, 2, 3, 16), torch.arange(3)
         got = rope.apply(q, q, pos, impl="cpu")
         assert torch.equal(got[0], rope.apply(q, q, pos, impl="reference")[0])
         assert list((tmp_path / "tmp").glob("posenc-*/kernels/rope_cpu-*.so"))
     finally:
-        cpu._library.cache_clear()
-        dispatch._CPU_OK.clear()
-        cpu._READY.clear()
+        build.library.cache_clear()
 
 
 def test_offsets_past_two_to_the_31_elements_in_place_and_allocating():

@@ -1,8 +1,7 @@
-"""The decode hot path: a repeated `Rope.apply(_)` call reuses the checked call's kernel arguments.
+"""The decode hot path: repeated `Rope.apply(_)` calls reading a held `RopeTable` (`table=`).
 
-Every call through it must still equal the reference bit for bit on its own data and positions, and any
-call that differs from the recorded one (shapes, strides, dtypes, positions out of the table, negative
-positions, autograd) must take the checked path and behave exactly as a first call would.
+Every call must equal the reference bit for bit on its own data and positions; a position outside the table,
+a negative one, another device or a table of another Rope is refused by name with nothing written.
 """
 
 import threading
@@ -12,15 +11,9 @@ import torch
 from test_kernels import randn
 
 from posenc import PosencError, Rope
-from posenc.kernels import cpu, dispatch
+from posenc.kernels import cpu
 
 pytestmark = pytest.mark.skipif(not cpu.available(), reason="no C compiler for the cpu kernel")
-
-
-def recorded(rope, q, k, pos, inplace, layout="bhtd") -> bool:
-    """Whether this thread holds kernel arguments for such a call (the next one takes the fast path)."""
-    key = dispatch.fast_key(rope, q, k, pos, inplace, layout, None, "float32", False, None, None)
-    return key in getattr(dispatch._FAST, "calls", {})
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -28,6 +21,7 @@ def recorded(rope, q, k, pos, inplace, layout="bhtd") -> bool:
 def test_repeated_decode_steps_equal_reference_on_fresh_data_and_positions(dtype, layout):
     rope = Rope(head_dim=80, rotary_dim=48, pairing="interleaved")
     shape = (3, 5, 1, 80) if layout == "bhtd" else (3, 1, 5, 80)
+    table = rope.table(4100)
     alive = []
     for step in range(6):  # same metadata every step, new tensors and new positions
         q, k = randn(*shape, dtype=dtype, seed=step), randn(*shape, dtype=dtype, seed=step + 50)
@@ -35,41 +29,50 @@ def test_repeated_decode_steps_equal_reference_on_fresh_data_and_positions(dtype
         alive.append(pos)  # every step's positions at a new address
         expected = rope.apply(q, k, pos, layout=layout, impl="reference")
         q0 = q.clone()
-        out = rope.apply(q, k, pos, layout=layout)
+        out = rope.apply(q, k, pos, layout=layout, table=table)
         assert torch.equal(q, q0), "apply mutated q"
         qi, ki = q.clone(), k.clone()
-        res = rope.apply_(qi, ki, pos, layout=layout)
+        res = rope.apply_(qi, ki, pos, layout=layout, table=table)
         assert res[0] is qi and res[1] is ki
-        for got in (out, (qi, ki)):
+        for got in (out, (qi, ki), rope.apply(q, k, pos, layout=layout)):
             assert torch.equal(got[0], expected[0]) and torch.equal(got[1], expected[1]), step
-        assert recorded(rope, q, k, pos, True, layout) and recorded(rope, q, k, pos, False, layout)
 
 
-def test_position_beyond_table_after_recording_grows_table_and_stays_exact():
+def test_position_beyond_the_held_table_is_refused_and_nothing_written():
     rope = Rope(head_dim=64, base=5e5)
+    table = rope.table(4096)
     q, k = randn(2, 4, 1, 64, seed=1), randn(2, 2, 1, 64, seed=2)
-    for p in (5, 6, 70_000, 7, 300_000):  # 70_000 and 300_000 are past the recorded table
+    for p in (5, 4095, 4096, 70_000, 7):
         pos = torch.tensor([p])
         expected = rope.apply(q, k, pos, impl="reference")
-        got = rope.apply(q, k, pos)
-        assert torch.equal(got[0], expected[0]) and torch.equal(got[1], expected[1]), p
+        assert all(torch.equal(a, b) for a, b in zip(rope.apply(q, k, pos), expected)), p  # no table: any position
+        qi, ki = q.clone(), k.clone()
+        if p < 4096:
+            rope.apply_(qi, ki, pos, table=table)
+            assert torch.equal(qi, expected[0]) and torch.equal(ki, expected[1]), p
+            continue
+        for impl in (None, "cpu", "reference"):
+            with pytest.raises(PosencError, match=r"^position_ids: expected positions in \[0, 4096\) \(the rows of"):
+                rope.apply_(qi, ki, pos, table=table, impl=impl)
+            assert torch.equal(qi, q) and torch.equal(ki, k), (p, impl)  # nothing written
 
 
-def test_negative_positions_still_raise_after_recording():
+def test_negative_positions_raise_with_and_without_a_table():
     rope = Rope(head_dim=64)
     q, k = randn(1, 2, 1, 64), randn(1, 2, 1, 64)
-    rope.apply_(q.clone(), k.clone(), torch.tensor([3]))
-    rope.apply_(q.clone(), k.clone(), torch.tensor([4]))
+    table = rope.table(16)
     qi, ki = q.clone(), k.clone()
     with pytest.raises(PosencError, match="position_ids"):
         rope.apply_(qi, ki, torch.tensor([-2]))
+    with pytest.raises(PosencError, match=r"position_ids: expected positions in \[0, 16\)"):
+        rope.apply_(qi, ki, torch.tensor([-2]), table=table)
     assert torch.equal(qi, q) and torch.equal(ki, k)  # nothing written
     got = rope.apply(q, k, torch.tensor([-2]), allow_negative=True)
     expected = rope.apply(q, k, torch.tensor([-2]), allow_negative=True, impl="reference")
     assert torch.equal(got[0], expected[0]) and torch.equal(got[1], expected[1])
 
 
-def test_changed_metadata_is_checked_again():
+def test_metadata_is_checked_on_every_call():
     rope = Rope(head_dim=64)
     q, k, pos = randn(1, 2, 1, 64), randn(1, 2, 1, 64), torch.tensor([3])
     rope.apply_(q, k, pos)
@@ -86,7 +89,7 @@ def test_changed_metadata_is_checked_again():
 
 
 @pytest.mark.parametrize("inplace", [True, False])
-def test_k_on_another_device_is_refused_before_and_after_recording(inplace):
+def test_k_on_another_device_is_refused(inplace):
     # a meta k has no data (data_ptr 0): the kernel must never be handed it in place of a CPU tensor
     rope = Rope(head_dim=64)
     q, k, pos = randn(2, 3, 1, 64), randn(2, 3, 1, 64, seed=1), torch.tensor([9])
@@ -94,23 +97,18 @@ def test_k_on_another_device_is_refused_before_and_after_recording(inplace):
     k_meta = torch.empty(2, 3, 1, 64, device="meta")
     with pytest.raises(PosencError, match=r"^k: expected a tensor on the device of q \(cpu\), got .* on meta$"):
         fn(q, k_meta, pos)
-    fn(q, k, pos)
-    fn(q, k, pos)
-    assert recorded(rope, q, k, pos, inplace)
     q0 = q.clone()
     with pytest.raises(PosencError, match="device of q"):
-        fn(q, k_meta, pos)
+        fn(q, k_meta, pos, table=rope.table(16))
     assert torch.equal(q, q0)  # nothing written
 
 
-def test_autograd_after_recording_takes_the_differentiable_path():
+def test_autograd_with_a_table_takes_the_differentiable_path():
     rope = Rope(head_dim=64)
     q, k, pos = randn(2, 3, 1, 64), randn(2, 3, 1, 64, seed=1), torch.tensor([9])
-    rope.apply(q, k, pos)
-    rope.apply(q, k, pos)
     qg, kg = q.clone().requires_grad_(), k.clone().requires_grad_()
     qr, kr = qg.detach().clone().requires_grad_(), kg.detach().clone().requires_grad_()
-    out = rope.apply(qg, kg, pos)
+    out = rope.apply(qg, kg, pos, table=rope.table(16))
     ref = rope.apply(qr, kr, pos, impl="reference")
     assert out[0].requires_grad
     (out[0].sum() + 2 * out[1].sum()).backward()
@@ -118,8 +116,9 @@ def test_autograd_after_recording_takes_the_differentiable_path():
     assert torch.equal(qg.grad, qr.grad) and torch.equal(kg.grad, kr.grad)
 
 
-def test_threads_keep_their_own_recorded_arguments():
+def test_threads_share_one_table():
     rope = Rope(head_dim=128)
+    table = rope.table(3000)
     errors = []
 
     def worker(seed):
@@ -127,7 +126,7 @@ def test_threads_keep_their_own_recorded_arguments():
             q, k = randn(4, 8, 1, 128, seed=seed * 100 + step), randn(4, 2, 1, 128, seed=seed * 100 + step + 1)
             pos = torch.tensor([seed * 1000 + step])
             expected = rope.apply(q, k, pos, impl="reference")
-            rope.apply_(q, k, pos)
+            rope.apply_(q, k, pos, table=table)
             if not (torch.equal(q, expected[0]) and torch.equal(k, expected[1])):
                 errors.append((seed, step))
 
@@ -140,15 +139,13 @@ def test_threads_keep_their_own_recorded_arguments():
 
 
 @pytest.mark.parametrize("dtype", [torch.int32, torch.int16, torch.uint8])
-def test_other_position_dtypes_after_recording_int64(dtype):
+def test_other_position_dtypes_with_and_without_a_table(dtype):
     rope = Rope(head_dim=64)
     q, k = randn(2, 3, 1, 64), randn(2, 3, 1, 64, seed=1)
-    for _ in range(2):
-        rope.apply(q, k, torch.tensor([[5], [9]]))
     pos = torch.tensor([[100], [7]], dtype=dtype)
     expected = rope.apply(q, k, pos.long(), impl="reference")
-    got = rope.apply(q, k, pos)
-    assert torch.equal(got[0], expected[0]) and torch.equal(got[1], expected[1])
+    for got in (rope.apply(q, k, pos), rope.apply(q, k, pos, table=rope.table(128))):
+        assert torch.equal(got[0], expected[0]) and torch.equal(got[1], expected[1])
 
 
 def test_non_contiguous_positions_are_read_through_their_strides():
@@ -157,8 +154,8 @@ def test_non_contiguous_positions_are_read_through_their_strides():
     for step in range(3):
         pos = torch.tensor([[5 + step, 99], [9 + step, 98]])[:, :1]  # [2, 1], strides (2, 1)
         expected = rope.apply(q, k, pos.contiguous(), impl="reference")
-        got = rope.apply(q, k, pos)
-        assert torch.equal(got[0], expected[0]) and torch.equal(got[1], expected[1]), step
+        for got in (rope.apply(q, k, pos), rope.apply(q, k, pos, table=rope.table(16))):
+            assert torch.equal(got[0], expected[0]) and torch.equal(got[1], expected[1]), step
 
 
 @pytest.mark.parametrize("pairing", ["split_half", "interleaved"])
@@ -203,20 +200,18 @@ def test_in_place_refuses_q_and_k_sharing_memory_and_keeps_split_views():
             rope.apply_(q, k, pos)
         assert all(torch.equal(a, b) for a, b in zip(before, (x, y, qkv))), name  # nothing written
     q, k = randn(2, 4, 3, 8), randn(2, 4, 3, 8, seed=1)
-    rope.apply_(q, k, pos)
-    rope.apply_(q, k, pos)  # recorded: the next call with this metadata takes the fast path
     x0 = x.clone()
     with pytest.raises(PosencError, match="shares no memory"):
-        rope.apply_(x, x, pos)
+        rope.apply_(x, x, pos, table=rope.table(8))
     assert torch.equal(x, x0)
     # disjoint views of one buffer (a fused qkv projection split; heads of one tensor) rotate as copies do
     for q, k in [qkv.split(8, -1)[:2], (x[:, :2], x[:, 2:]), (y[:, :, :2].transpose(1, 2), y[:, :, 2:].transpose(1, 2))]:
         expected = rope.apply(q.clone(), k.clone(), pos, impl="reference")
-        for _ in range(2):  # checked, then recorded
+        for table in (None, rope.table(8)):
             q_in, k_in = q.clone(), k.clone()
             buf = q._base if q._base is not None else q
             snapshot = buf.clone()
-            rope.apply_(q, k, pos)
+            rope.apply_(q, k, pos, table=table)
             assert torch.equal(q, expected[0]) and torch.equal(k, expected[1])
             buf.copy_(snapshot)  # back to the inputs for the second round
             assert torch.equal(q, q_in) and torch.equal(k, k_in)

@@ -39,8 +39,8 @@ from typing import Any
 
 import torch
 
-from .errors import Raw, batch_positions, check_float_tensor, choice, fail, integer, real
-from .rope.apply import apply_rope
+from .errors import Raw, assert_values, batch_positions, check_float_tensor, choice, fail, integer, real
+from .rope import route
 from .rope.rerotate import row_tables
 from .rope.spec import Rope
 
@@ -118,12 +118,10 @@ def visibility(q_positions: torch.Tensor, k_positions: torch.Tensor, key_mask: t
     Returns:
         `(mask, seen)`: mask `[b, 1, tq, tk]` bool, True = attend, where a query row with no visible key
         sees every key (a finite softmax, zeroed after); seen `[b, 1, tq, 1]` bool (rows with a visible
-        key) or None when every row has one (one host sync here instead of one per layer).
+        key). Always the general form: asking whether every row sees a key would be a host sync.
     """
     visible = _visible(q_positions, k_positions, causal, key_mask, window)  # [b, 1, tq, tk]
     seen = visible.any(-1, keepdim=True)  # [b, 1, tq, 1]
-    if not torch.compiler.is_compiling() and bool(seen.all()):  # traced code keeps the (exact) general form
-        return visible, None
     return visible | ~seen, seen
 
 
@@ -161,6 +159,7 @@ def attention(
     scale: float | None = None,
     impl: str = "eager",
     window: int | None = None,
+    table: Any = None,
 ) -> torch.Tensor:
     """Softmax attention with an explicit positional encoding and explicit logical positions.
 
@@ -177,6 +176,8 @@ def attention(
         impl: "eager", "sdpa" or "flex".
         window: sliding window (Mistral, Gemma local layers): a query at p sees keys at positions
             p - window + 1 .. p only (`q_pos - k_pos < window`, transformers' convention); None = no window.
+        table: with a `Rope` encoding of a length-independent scaling, a `RopeTable` of it (`rope.table(n)`)
+            to read the rows from (no table work per call).
     Returns:
         `[b, hq, tq, dv]` in q's dtype; rows with no visible key (and every row when tk = 0) are zeros.
     Raises:
@@ -190,7 +191,7 @@ def attention(
     check_encoding(encoding, q)
     if b == 0 or tq == 0 or tk == 0:  # nothing to attend to (or nobody asking): no kernel, no table
         return q.new_zeros(b, hq, tq, v.shape[-1])
-    q, k, bias_scheme = encode_qk(encoding, q, k, q_pos, k_pos, q_positions, k_positions)
+    q, k, bias_scheme = encode_qk(encoding, q, k, q_pos, k_pos, q_positions, k_positions, table=table)
     # Rows with no visible key see everything (finite softmax) and are zeroed after: never NaN.
     safe, seen = visibility(q_pos, k_pos, key_mask, window, causal=causal)  # [b, 1, tq, tk], [b, 1, tq, 1]
     bias = None if bias_scheme is None else _bias_4d(bias_scheme, q_positions, k_positions, hq)  # [b or 1, h, tq, tk]
@@ -226,7 +227,7 @@ def check_encoding(encoding: Any, q: torch.Tensor) -> str:
 
 def encode_qk(encoding: Any, q: torch.Tensor, k: torch.Tensor, q_pos: torch.Tensor, k_pos: torch.Tensor,
               q_positions: torch.Tensor, k_positions: torch.Tensor, seq_len: int | None = None,
-              ) -> tuple[torch.Tensor, torch.Tensor, Any]:
+              table: Any = None) -> tuple[torch.Tensor, torch.Tensor, Any]:
     """Apply an encoding's effect on q and k; return `(q, k, bias scheme or None)`.
 
     A Rope rotates q and k with ONE table per row, that of the forward's length: `seq_len` if given (the
@@ -242,7 +243,7 @@ def encode_qk(encoding: Any, q: torch.Tensor, k: torch.Tensor, q_pos: torch.Tens
     """
     kind = check_encoding(encoding, q)
     if kind == "rope":
-        q, k = _rotate(encoding, q, k, q_pos, k_pos, seq_len)
+        q, k = _rotate(encoding, q, k, q_pos, k_pos, seq_len, table)
     elif kind == "absolute":
         d = q.shape[-1]
         q = q + _absolute(encoding, q_positions, d).unsqueeze(-3).to(q.dtype)  # [b?, 1, tq, d]
@@ -251,21 +252,24 @@ def encode_qk(encoding: Any, q: torch.Tensor, k: torch.Tensor, q_pos: torch.Tens
 
 
 def _rotate(rope: Rope, q: torch.Tensor, k: torch.Tensor, q_pos: torch.Tensor, k_pos: torch.Tensor,
-            seq_len: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """q and k rotated with one table per row, that of length `seq_len` or `max(q and k positions) + 1`."""
-    if not torch.compiler.is_compiling():  # traced code cannot sync; eager checks once per call
-        for arg, pos in (("q_positions", q_pos), ("k_positions", k_pos)):
-            if bool((pos < 0).any()):  # one host sync; RoPE rotates by the position itself
-                fail(arg, "positions >= 0 (a Rope rotates by the position)", Raw(f"min {int(pos.min())}"))
+            seq_len: int | None = None, table: Any = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """q and k rotated with one table per row, that of length `seq_len` or `max(q and k positions) + 1`.
+
+    Through the router (`rope.route`), like every rotation; `table`: a `RopeTable` of `rope` to read rows from.
+    """
+    for arg, pos in (("q_positions", q_pos), ("k_positions", k_pos)):  # on the device: no host sync
+        assert_values(arg, (pos >= 0).all(), "positions >= 0 (a Rope rotates by the position)",
+                      lambda pos=pos: Raw(f"min {int(pos.min())}"))
     if not rope.scaling.depends_on_length:  # one table whatever the length: the fast path (kernels)
-        return rope.rotate(q, q_pos), rope.rotate(k, k_pos)
+        return rope.rotate(q, q_pos, table=table), rope.rotate(k, k_pos, table=table)
     if seq_len is not None:
         lengths = torch.full((q_pos.shape[0],), int(seq_len), dtype=torch.long, device=q_pos.device)  # [b]
     else:
         lengths = torch.maximum(q_pos.amax(dim=1), k_pos.amax(dim=1)) + 1  # [b]: the forward's length per row
     cos_q, sin_q = row_tables(rope, q_pos, lengths)  # [b, tq, r/2]
     cos_k, sin_k = row_tables(rope, k_pos, lengths)  # [b, tk, r/2]
-    return apply_rope(q, cos_q, sin_q, pairing=rope.pairing), apply_rope(k, cos_k, sin_k, pairing=rope.pairing)
+    return (route.rotate(q, None, cos_q, sin_q, None, rope.pairing)[0],
+            route.rotate(k, None, cos_k, sin_k, None, rope.pairing)[0])
 
 
 def _absolute(encoding: Any, positions: torch.Tensor, d: int) -> torch.Tensor:

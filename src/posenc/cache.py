@@ -36,6 +36,7 @@ import torch
 
 from .errors import (Raw, boolean, check_float_tensor, choice, fail, integer, integer_tensor,
                      positions as check_positions)
+from .rope import route
 from .rope.apply import apply_rope
 from .rope.rerotate import rerotation_tables, row_tables, stored_pairing
 from .rope.spec import Rope
@@ -99,6 +100,11 @@ class KVCache:
         self.table_len = torch.zeros(batch_size, dtype=torch.long, device=device)
 
     # ---------------------------------------------------------------- facts
+    @property
+    def rotates_at_write(self) -> bool:
+        """Whether `write` stores keys rotated (store "rotated" with a rope): a caller may rotate them first."""
+        return self.store == "rotated" and self.rope is not None
+
     @property
     def batch_size(self) -> int:
         return self.positions.shape[0]
@@ -222,7 +228,7 @@ class KVCache:
 
     def write(self, layer: int, k: torch.Tensor, v: torch.Tensor, slots: torch.Tensor,
               cos: torch.Tensor | None = None, sin: torch.Tensor | None = None,
-              index: tuple[torch.Tensor, ...] | None = None) -> None:
+              index: tuple[torch.Tensor, ...] | None = None, *, rotated: bool = False) -> None:
         """Store one layer's new keys and values in their reserved slots.
 
         Args:
@@ -232,16 +238,19 @@ class KVCache:
             slots: `[b, t]` from `reserve`.
             cos, sin: `[b, t, r/2]` tables of the new positions (default: `row_tables` at `table_len`).
             index: `write_index(slots)`, computed once per forward and shared by the layers (default: computed here).
+            rotated: k is already rotated with `cos`/`sin` (the decoder rotates q and k of a layer in one call).
         Raises:
             PosencError: k, v or slots of other shapes than this cache's rows and heads, slots not reserved
                 (checked when `index` is None: the decoder's own slots come from `reserve`).
         """
         layer = self._layer(layer)
         self._check_write(k, v, slots, values=index is None)
-        if self.store == "rotated" and self.rope is not None:
+        if rotated and not (self.store == "rotated" and self.rope is not None):
+            fail("rotated", "False for a cache that stores keys unrotated (or has no rope)", rotated)
+        if self.store == "rotated" and self.rope is not None and not rotated:
             if cos is None or sin is None:
                 cos, sin = self.tables(self.positions.gather(1, slots.clamp(min=0)))
-            k = apply_rope(k, cos, sin, pairing=self.rope.pairing)  # [b, hk, t, d]
+            k = route.rotate(k, None, cos, sin, None, self.rope.pairing)[0]  # [b, hk, t, d]
         rows, cols, dest = self.write_index(slots) if index is None else index
         if rows is None:  # every row writes all t tokens to the same slots: one copy along the slot axis
             self.k[layer].index_copy_(2, dest, k.to(self.k[layer].dtype))  # [b, hk, t, d] -> slots dest
@@ -301,7 +310,7 @@ class KVCache:
         k, v = self.k[layer][:, :, :w], self.v[layer][:, :, :w]  # [b, hk, w, d]
         if self.store == "unrotated" and self.rope is not None:
             cos, sin = key_tables if key_tables is not None else self.tables(self.positions[:, :w])
-            k = apply_rope(k, cos, sin, pairing=self.rope.pairing)
+            k = route.rotate(k, None, cos, sin, None, self.rope.pairing)[0]  # [b, hk, w, d]
         return k, v
 
     # ---------------------------------------------------------------- tables and policies

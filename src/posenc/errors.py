@@ -24,7 +24,7 @@ from __future__ import annotations
 import contextlib
 import math
 import numbers
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, NoReturn
 
 import numpy as np
@@ -34,6 +34,7 @@ __all__ = [
     "PosencError",
     "Raw",
     "fail",
+    "assert_values",
     "prefix",
     "rename",
     "integer",
@@ -275,18 +276,40 @@ def positions(arg: str, x: Any, *, shapes: Sequence[Sequence[Any]] | None = None
         fail(arg, "a tensor with values (not on the meta device)", Raw("a meta tensor"))
     if not x.dtype.is_signed:
         x = x.long()  # uint16/32/64 support no arithmetic in torch; a wrapped uint64 shows up as negative below
-    # one host sync, at the API boundary: a negative position is a bug (left padding) unless asked for, and
-    # a position beyond 2**53 is not exact in float64 and lets p + 1 or p - q overflow int64 (wrapping silently)
-    if check_values and x.numel() and not torch.compiler.is_compiling():  # traced code cannot sync
-        wide = x.dtype == torch.int64  # narrower dtypes cannot exceed 2**53 (and would wrap the bound)
-        huge = ((x > MAX_POSITION) | (x < -MAX_POSITION)).any() if wide else torch.zeros((), dtype=torch.bool)
-        negative, huge = torch.stack(((x < 0).any(), huge.to(x.device))).tolist()
-        if negative and not allow_negative:
-            fail(arg, "positions >= 0" + (f" {negative_hint}" if negative_hint else ""), Raw(f"min {int(x.min())}"))
-        if huge:
-            fail(arg, "positions with |p| <= 2**53 (exact in float64; p + 1 and p - q stay within int64)",
-                 Raw(f"values in [{int(x.min())}, {int(x.max())}]"))
+    # checked on the tensor's device, no host sync (errors.assert_values): a negative position is a bug (left
+    # padding) unless asked for, and a position beyond 2**53 is not exact in float64 and lets p + 1 or p - q
+    # overflow int64 (wrapping silently)
+    if check_values and x.numel():
+        if not allow_negative:
+            assert_values(arg, (x >= 0).all(), "positions >= 0" + (f" {negative_hint}" if negative_hint else ""),
+                          lambda: Raw(f"min {int(x.min())}"))
+        if x.dtype == torch.int64:  # narrower dtypes cannot exceed 2**53 (and would wrap the bound)
+            assert_values(arg, ((x <= MAX_POSITION) & (x >= -MAX_POSITION)).all(),
+                          "positions with |p| <= 2**53 (exact in float64; p + 1 and p - q stay within int64)",
+                          lambda: Raw(f"values in [{int(x.min())}, {int(x.max())}]"))
     return x
+
+
+def assert_values(arg: str, ok: torch.Tensor, expected: str, got: Callable[[], Any]) -> None:
+    """Check a condition on tensor values without a host sync; raise `PosencError` where it can.
+
+    Args:
+        arg, expected: as `fail`.
+        ok: a 0-d bool tensor, True when the values are valid (computed on their device).
+        got: called only on failure, to describe what arrived (it may read values).
+    On the CPU in eager mode a failure raises `PosencError` at once (reading a CPU tensor is no sync). On
+    an accelerator, or inside `torch.compile`, the check runs on the device (`torch._assert_async`): a
+    failure surfaces as a `RuntimeError` with the same text at the next synchronisation, and the hot path
+    never waits for the host.
+    """
+    message = f"{arg}: expected {expected}"
+    if ok.device.type == "cpu" and not torch.compiler.is_compiling():
+        try:
+            torch._assert_async(ok, message)
+        except RuntimeError:
+            fail(arg, expected, got())
+        return
+    torch._assert_async(ok, message)
 
 
 def integer_tensor(arg: str, x: Any, *, ndim: tuple[int, ...] | None = None, what: str | None = None) -> torch.Tensor:

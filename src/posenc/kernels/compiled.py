@@ -15,6 +15,9 @@ from ..rope.apply import apply_rope
 __all__ = ["apply_rope_compiled"]
 
 
+_MAX_GRAPHS = 256  # 4 dtypes x 3 pairings x 4 layouts x grad on/off x rotary/full: fewer than this
+
+
 @functools.lru_cache(maxsize=None)
 def _compiled():
     return torch.compile(apply_rope, dynamic=True, fullgraph=True)
@@ -24,4 +27,9 @@ def apply_rope_compiled(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, *
     """`apply_rope(x, cos, sin, **kwargs)` through `torch.compile(dynamic=True, fullgraph=True)`."""
     if torch.compiler.is_compiling():  # already inside a compiled region: trace the reference directly
         return apply_rope(x, cos, sin, **kwargs)
-    return _compiled()(x, cos, sin, **kwargs)
+    # Each dtype, pairing, layout and grad mode is its own graph: past dynamo's default of 8 graphs per code
+    # object, fullgraph=True would fail hard. The limit is raised for this call only (config.patch restores it).
+    from torch import _dynamo
+
+    with _dynamo.config.patch(recompile_limit=_MAX_GRAPHS):
+        return _compiled()(x, cos, sin, **kwargs)

@@ -22,8 +22,9 @@ def launch(backend: str, q, k, q_out, k_out, cos, sin, rows, pairing: str, inver
 
         if angles != "table":
             raise NotImplementedError("the cpu kernel reads tables")  # dispatch never asks for this
-        ret = cpu.rotate(q, k, q_out, k_out, cos, sin.neg() if inverse else sin, rows, pairing)
-        if ret != 0:  # rows come from arange in this path: out of range means a bug, not bad input
+        ret = cpu.rope(q, k if k.shape[1] else None, q_out, k_out if k.shape[1] else None, cos,
+                       sin.neg() if inverse else sin, rows, pairing)
+        if ret != 0:  # the router checked the rows: out of range here means a bug, not bad input
             raise RuntimeError(f"posenc cpu kernel rejected the table rows (code {ret})")
     elif backend == "triton":
         from .triton_rope import rotate

@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 from ..cache import KVCache
-from ..kernels.dispatch import apply_tables
+from ..rope import route
 
 __all__ = ["Step", "RMSNorm", "SwiGLU", "Attention", "DecoderLayer"]
 
@@ -108,14 +108,15 @@ class Attention(nn.Module):
         q = self.q_proj(x).view(b, t, self.num_heads, self.head_dim).transpose(1, 2)  # [b, hq, t, d]
         k = self.k_proj(x).view(b, t, self.num_kv_heads, self.head_dim).transpose(1, 2)  # [b, hk, t, d]
         v = self.v_proj(x).view(b, t, self.num_kv_heads, self.head_dim).transpose(1, 2)  # [b, hk, t, d]
+        # q and k of a layer in one call of the router, with this forward's tables (the C kernel on CPU: same bits)
+        rotate_k = step.pairing is not None and (cache is None or cache.rotates_at_write)
         if step.pairing is not None:
-            q = apply_tables(q, step.cos, step.sin, pairing=step.pairing)  # C kernel on CPU: same bits
+            q, k_rot = route.rotate(q, k if rotate_k else None, step.cos, step.sin, None, step.pairing)
+            k = k_rot if rotate_k else k  # [b, hk, t, d]
         if cache is None:  # a full forward: the keys are this forward's own tokens
             keys, values = k, v
-            if step.pairing is not None:
-                keys = apply_tables(k, step.cos, step.sin, pairing=step.pairing)  # [b, hk, t, d]
         else:
-            cache.write(layer, k, v, step.slots, step.cos, step.sin, index=step.index)
+            cache.write(layer, k, v, step.slots, step.cos, step.sin, index=step.index, rotated=rotate_k)
             keys, values = cache.read(layer, step.key_tables, step.width)  # [b, hk, w, d]
         out = step.attend(q, keys, values, step.windows[layer])  # [b, hq, t, d]
         return self.o_proj(out.transpose(1, 2).reshape(b, t, -1))  # [b, t, hidden]

@@ -17,12 +17,16 @@ import torch
 
 from ..errors import Raw, boolean, check_float_tensor, choice, fail, integer, positions, real
 from . import tables
-from ..kernels.dispatch import aliased, fast_apply, fast_key, rope_apply
+from . import route
+from .aliasing import aliased
 from .apply import LAYOUTS, PAIRINGS
 from .mrope import check_sections, mrope_axis_map, mrope_cos_sin
+from .table import RopeTable, make_table
 from .scaling import Default, Scaling, check_base, check_seq_len
 
 __all__ = ["Rope"]
+
+_RANKS = {"bhtd": 4, "bthd": 4, "thd": 3}  # the layouts q and k may come in, and their ranks
 
 
 @dataclass(frozen=True)
@@ -153,6 +157,31 @@ class Rope:
                                  attention_factor=factor, precision=precision)
         return tables.cos_sin(position_ids, inv, factor, precision)  # [..., r/2]
 
+    def table(self, rows: int, *, seq_len: int | None = None, precision: str = "float32",
+              device: torch.device | str | None = None) -> RopeTable:
+        """The cos/sin rows of positions `0 .. rows-1`: a value to hold and pass as `table=` (see `RopeTable`).
+
+        Args:
+            rows: how many positions the table covers (a position >= rows is refused by the calls).
+            seq_len: the length a length-dependent scaling (dynamic NTK, LongRoPE) is evaluated at
+                (default: `rows`, the longest sequence the table serves); ignored by other scalings.
+            precision: "float32" or "exact" (see `cos_sin`).
+            device: where the table lives (that of the q and k it will rotate); default CPU.
+        Returns:
+            A frozen `RopeTable`; `apply(q, k, position_ids, table=table)` reads row p for position p.
+        Raises:
+            PosencError: a non-positive `rows`, a bad `seq_len` or `precision`.
+        """
+        rows = integer("rows", rows, min=1)
+        tables.check_precision(precision)
+        if self.scaling.depends_on_length:
+            seq_len = check_seq_len(rows if seq_len is None else seq_len)
+        elif seq_len is not None:
+            check_seq_len(seq_len)
+            seq_len = None  # the frequencies do not depend on it
+        return make_table(self, rows, seq_len=seq_len, precision=precision,
+                          device=torch.device("cpu") if device is None else torch.device(device))
+
     # ---------------------------------------------------------------- rotation
     def rotate(
         self,
@@ -165,12 +194,14 @@ class Rope:
         allow_negative: bool = False,
         compute_dtype: torch.dtype | None = None,
         impl: str | None = None,
+        table: RopeTable | None = None,
     ) -> torch.Tensor:
         """Rotate one tensor (q or k) at `position_ids`. See `apply` for the arguments."""
         self._check_x("x", x, layout)
         position_ids = self._check_positions(position_ids, x, layout, "x")
-        return rope_apply(self, x, None, position_ids, inplace=False, impl=impl, layout=layout, seq_len=seq_len,
-                          precision=precision, allow_negative=allow_negative, compute_dtype=compute_dtype)[0]
+        cos, sin, rows = self._tables_for(position_ids, table, seq_len, precision, allow_negative, x)
+        return route.rotate(x, None, cos, sin, rows, self.pairing, impl=impl, layout=layout,
+                            compute_dtype=compute_dtype)[0]
 
     def apply(
         self,
@@ -184,6 +215,7 @@ class Rope:
         allow_negative: bool = False,
         compute_dtype: torch.dtype | None = None,
         impl: str | None = None,
+        table: RopeTable | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Rotate q and k at explicit logical positions (new tensors; `apply_` rotates in place).
 
@@ -200,14 +232,16 @@ class Rope:
             impl: "reference", "cpu", "compiled" or "triton" (see `posenc.kernels`); default None = the
                 fastest available for q's device, bit-identical to the reference. A named impl never falls
                 back: it raises PosencError when it cannot run these inputs.
+            table: a `RopeTable` of this Rope (`rope.table(n)`), read at row p for position p: the fast
+                path for repeated calls (decode). Without it the call computes the rows its positions need.
         Returns:
             `(q_rotated, k_rotated)` in the inputs' dtypes; pass-through channels bit-identical.
         Raises:
             PosencError: non-float q/k, wrong head_dim, mismatched shapes, non-integer or negative positions,
-                an impl that cannot run here.
+                an impl that cannot run here, a table of another Rope or positions outside it.
         """
         return self._apply(q, k, position_ids, False, layout=layout, seq_len=seq_len, precision=precision,
-                           allow_negative=allow_negative, compute_dtype=compute_dtype, impl=impl)
+                           allow_negative=allow_negative, compute_dtype=compute_dtype, impl=impl, table=table)
 
     def apply_(self, q: torch.Tensor, k: torch.Tensor, position_ids: torch.Tensor, **options: Any) -> tuple[torch.Tensor, torch.Tensor]:
         """Rotate q and k in place; returns `(q, k)`.
@@ -215,27 +249,24 @@ class Rope:
         Args:
             q, k, position_ids: as `apply`.
             **options: `apply`'s keyword arguments (layout, seq_len, precision, allow_negative,
-                compute_dtype, impl).
+                compute_dtype, impl, table).
+        Like a torch in-place op: a tensor autograd saved for backward makes that backward raise after it.
         The default CPU path rewrites each element once, with no temporary (docs/performance.md).
         """
         return self._apply(q, k, position_ids, True, **options)
 
     def _apply(self, q, k, position_ids, inplace, *, layout="bhtd", seq_len=None, precision="float32",
-               allow_negative=False, compute_dtype=None, impl=None):
-        key = fast_key(self, q, k, position_ids, inplace, layout, seq_len, precision, allow_negative, compute_dtype, impl)
-        if key is not None:  # a call like one already checked (the decode loop): skip the checks
-            done = fast_apply(key, q, k, position_ids, inplace)
-            if done is not None:
-                return done
-        self._check_x("q", q, layout)
+               allow_negative=False, compute_dtype=None, impl=None, table=None):
+        self._check_x("q", q, layout)  # metadata only: values are checked in the kernel (no host sync)
         self._check_x("k", k, layout)
-        axes = [a for a in range(q.ndim) if a != q.ndim + LAYOUTS[layout][2]]
-        for a in axes:
-            if q.shape[a] != k.shape[a]:
-                fail("k", f"size {q.shape[a]} in dim {a} (as q {tuple(q.shape)}; only heads may differ)", k)
-        if k.device != q.device:
+        qs, ks, heads = q.shape, k.shape, q.ndim + LAYOUTS[layout][2]
+        if qs[:heads] != ks[:heads] or qs[heads + 1:] != ks[heads + 1:]:
+            for a in range(q.ndim):
+                if a != heads and qs[a] != ks[a]:
+                    fail("k", f"size {qs[a]} in dim {a} (as q {tuple(qs)}; only heads may differ)", k)
+        if not (q.is_cpu and k.is_cpu) and k.device != q.device:
             fail("k", f"a tensor on the device of q ({q.device})", k)
-        if inplace and torch.is_grad_enabled():
+        if inplace and torch.is_grad_enabled() and (q.requires_grad or k.requires_grad):
             for arg, x in (("q", q), ("k", k)):
                 if x.requires_grad and x.is_leaf:
                     fail(arg, "a tensor autograd lets apply_ change (not a leaf that requires grad: use apply)",
@@ -244,20 +275,45 @@ class Rope:
             fail("k", "a tensor that shares no memory with q (apply_ writes both; rotate one tensor with rotate)",
                  Raw("a view of q's memory"))
         position_ids = self._check_positions(position_ids, q, layout, "q")
-        return rope_apply(self, q, k, position_ids, inplace=inplace, impl=impl, layout=layout, seq_len=seq_len,
-                          precision=precision, allow_negative=allow_negative, compute_dtype=compute_dtype, memo=key)
+        cos, sin, rows = self._tables_for(position_ids, table, seq_len, precision, allow_negative, q)
+        return route.rotate(q, k, cos, sin, rows, self.pairing, inplace=inplace, impl=impl, layout=layout,
+                            compute_dtype=compute_dtype)
+
+    def _tables_for(self, position_ids, table, seq_len, precision, allow_negative, x):
+        """`(cos, sin, rows)` for `route.rotate`: a held table and the positions as its rows, or per-token tables."""
+        if table is None:
+            cos, sin = self.cos_sin(position_ids, seq_len=seq_len, precision=precision, allow_negative=allow_negative)
+            return cos, sin, None  # [t, r/2] or [b, t, r/2]
+        if not isinstance(table, RopeTable):
+            fail("table", "a RopeTable (rope.table(n)) or None", table)
+        table.check_for(self, seq_len, precision, x)
+        if position_ids.ndim == 3:  # M-RoPE: each frequency from the row of the axis that drives it
+            if self.mrope_section is None or position_ids.shape[0] != 3:
+                fail("position_ids", "[t] or [b, t] (this Rope has no mrope_section)", position_ids)
+            route.check_rows(position_ids, table.rows, "position_ids")
+            axis = mrope_axis_map(self.mrope_section, self.mrope_interleaved).to(x.device)  # [r/2]
+            pick = position_ids[axis].permute(1, 2, 0)  # [b, t, r/2]: the position of each frequency
+            column = torch.arange(axis.shape[0], device=x.device)  # [r/2]
+            return table.cos[pick, column], table.sin[pick, column], None  # [b, t, r/2]
+        return table.cos, table.sin, position_ids if position_ids.dtype == torch.int64 else position_ids.long()
 
     # ---------------------------------------------------------------- checks
     def _check_x(self, arg: str, x: torch.Tensor, layout: str) -> None:
+        rank = _RANKS.get(layout) if type(layout) is str else None
+        if type(x) is torch.Tensor and x.ndim == rank and x.dtype.is_floating_point and x.shape[-1] == self.head_dim:
+            return  # the decode hot path: metadata only, a few hundred nanoseconds
         choice("layout", layout, ("bhtd", "bthd", "thd"))
         check_float_tensor(arg, x, ndim=(LAYOUTS[layout][0],))
         if x.shape[-1] != self.head_dim:
             fail(arg, f"last dim = head_dim = {self.head_dim}", x)
 
     def _check_positions(self, position_ids: Any, x: torch.Tensor, layout: str, arg: str) -> torch.Tensor:
-        """Positions that fit `x` (tokens, batch, device); their values are checked once, in `cos_sin`."""
-        position_ids = positions("position_ids", position_ids, device=x.device, check_values=False)
+        """Positions that fit `x` (tokens, batch, device); their values are checked where they are read."""
         t = x.shape[LAYOUTS[layout][1]]
+        if (type(position_ids) is torch.Tensor and position_ids.dtype is torch.int64 and position_ids.ndim == 1
+                and position_ids.shape[0] == t and (position_ids.is_cpu and x.is_cpu or position_ids.device == x.device)):
+            return position_ids  # the decode hot path
+        position_ids = positions("position_ids", position_ids, device=x.device, check_values=False)
         if position_ids.ndim == 0 or position_ids.shape[-1] != t:
             fail("position_ids", f"last dim = {t} tokens (as {arg})", position_ids)
         if position_ids.ndim >= 2:
