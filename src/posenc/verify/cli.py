@@ -10,9 +10,10 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
-__all__ = ["add_parser", "run"]
+__all__ = ["add_parser", "run", "check_outputs"]
 
 DTYPES = {"float32": "float32", "fp32": "float32", "float64": "float64", "bfloat16": "bfloat16", "bf16": "bfloat16"}
 
@@ -40,6 +41,38 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     return p
 
 
+def _blocked(path: Path) -> Path | None:
+    """The first existing non-folder at or above `path`'s parent (a folder cannot be made there), or None."""
+    for parent in [path.parent, *path.parent.parents]:
+        if parent.exists():
+            return None if parent.is_dir() else parent
+    return None
+
+
+def check_outputs(args: argparse.Namespace) -> None:
+    """Refuse `--threads` below 1, an `--out` that is or sits under a file, a `--json` that is a folder or
+    sits under a file, before any work.
+
+    Raises:
+        PosencError: naming the option, what it must be and what is there.
+    """
+    from ..errors import Raw, fail, integer
+
+    if args.threads is not None:
+        integer("--threads", args.threads, min=1, what="an integer >= 1")
+    out = Path(args.out)
+    if out.exists() and not out.is_dir():
+        fail("--out", "a folder for the report", Raw(f"{out} is a file"))
+    if _blocked(out / "report.json") is not None:
+        fail("--out", "a folder for the report", Raw(f"{out} is under {_blocked(out / 'report.json')}, a file"))
+    if args.json:
+        path = Path(args.json)
+        if path.is_dir():
+            fail("--json", "a file path for the JSON report", Raw(f"{path} is a folder"))
+        if _blocked(path) is not None:
+            fail("--json", "a file path for the JSON report", Raw(f"{path} is under {_blocked(path)}, a file"))
+
+
 def run(args: argparse.Namespace) -> int:
     import torch
 
@@ -49,15 +82,9 @@ def run(args: argparse.Namespace) -> int:
     from .report import render_selftest, render_table, write_report
     from .runner import Progress, build_subject, parse_checks, run_checks, self_test
 
-    if args.threads:
+    check_outputs(args)  # before minutes of checks, not after them
+    if args.threads is not None:
         torch.set_num_threads(args.threads)
-    from pathlib import Path
-
-    from ..errors import Raw, fail
-
-    out = Path(args.out)
-    if out.exists() and not out.is_dir():  # before minutes of checks, not after them
-        fail("--out", "a folder for the report", Raw(f"{out} is a file"))
     budget = BUDGETS["quick" if args.quick else "full" if args.full else "default"]
     names = parse_checks(args.checks)
     model = args.model or embedded_model_path()

@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from .common import Budget, Row, Subject, boundary_rules, fmt, max_diff, top1_agree
+from .common import Budget, Row, Subject, boundary_rules, fmt, max_diff, top1_agree, within, worst
 
 __all__ = ["relativity", "prefill_decode", "batch_padding", "LOGIT_TOL", "logit_tol"]
 
@@ -44,7 +44,7 @@ def relativity(subject: Subject, budget: Budget, progress: Any = None) -> Row:
     ids = subject.text(n, offset=1000)
     base = engine.forward(ids, position_ids=torch.arange(n)[None])  # [1, n, v]
     shifts = [s for s in budget.shifts if s + n <= subject.l0]
-    worst, ratio, agree, per_shift = 0.0, 0.0, 1.0, {}
+    diffs, ratios, agree, per_shift = [], [], 1.0, {}
     for s in shifts:
         tol = shift_tol(subject.dtype, s + n)
         full = engine.forward(ids, position_ids=(s + torch.arange(n))[None])
@@ -54,14 +54,15 @@ def relativity(subject: Subject, budget: Budget, progress: Any = None) -> Row:
         tail = engine.forward(ids[:, split:], cache=cache, position_ids=(s + torch.arange(split, n))[None])
         d_full, d_cached = max_diff(full, base), max_diff(tail, base[:, split:])
         per_shift[str(s)] = {"full": d_full, "cached": d_cached, "tolerance": tol}
-        worst = max(worst, d_full, d_cached)
-        ratio = max(ratio, d_full / tol, d_cached / tol)
+        diffs += [d_full, d_cached]
+        ratios += [d_full / tol, d_cached / tol]
         agree = min(agree, top1_agree(full, base), top1_agree(tail, base[:, split:]))
         if progress:
             progress()
-    passed = bool(shifts) and ratio <= 1.0
+    ratio = worst(ratios)  # NaN-aware: a NaN anywhere fails the row
+    passed = bool(shifts) and within(ratio, 1.0)
     return Row("relativity", passed,
-               measured={"max_abs_logit_diff": worst, "worst_diff_over_tolerance": ratio, "top1_agreement": agree,
+               measured={"max_abs_logit_diff": worst(diffs), "worst_diff_over_tolerance": ratio, "top1_agreement": agree,
                          "shifts": shifts},
                thresholds={"worst_diff_over_tolerance": "<= 1 (tolerance = "
                             f"{fmt(logit_tol(subject.dtype))} + {SENSITIVITY:g} * (s + n) * 2^-24)"},
@@ -93,13 +94,13 @@ def _decode_vs_full(engine: Any, ids: torch.Tensor, prefill: int, per_step_full:
         ref_prefill = full[:, :prefill]
     diffs = [max_diff(s, f) for s, f in zip(steps, fulls)]
     agree = top1_agree(torch.cat(steps, 1), torch.cat(fulls, 1))
-    return max([max_diff(first, ref_prefill), *diffs]), agree, diffs
+    return worst([max_diff(first, ref_prefill), *diffs]), agree, diffs
 
 
 def prefill_decode(subject: Subject, budget: Budget, progress: Any = None) -> Row:
     """Cache vs full forward for the checkpoint's rule and every length rule (decode crosses the reduced L0)."""
     tol = logit_tol(subject.dtype)
-    per_rule, worst = {}, 0.0
+    per_rule, seen = {}, []
     for name, rule in rules_for_decode(subject, budget).items():
         engine = subject.engine(rule)
         steps = budget.decode_steps
@@ -114,14 +115,14 @@ def prefill_decode(subject: Subject, budget: Budget, progress: Any = None) -> Ro
             d, agree, diffs = _decode_vs_full(engine, ids, prefill, dynamic, explicit)
             entry["explicit" if explicit else "derived"] = {"max_abs_logit_diff": d, "top1_agreement": agree,
                                                             "per_step": diffs, "first_position": prefill}
-            worst = max(worst, d)
+            seen.append(d)
         per_rule[name] = entry
         if progress:
             progress()
-    failed = sorted(k for k, v in per_rule.items() if any(e["max_abs_logit_diff"] > tol for e in v.values()))
+    failed = sorted(k for k, v in per_rule.items() if not all(within(e["max_abs_logit_diff"], tol) for e in v.values()))
     return Row("prefill-decode", not failed,
-               measured={"max_abs_logit_diff": worst, "failed_rules": failed,
-                         **{f"{k}": max(e["max_abs_logit_diff"] for e in v.values()) for k, v in per_rule.items()}},
+               measured={"max_abs_logit_diff": worst(seen), "failed_rules": failed,
+                         **{f"{k}": worst(e["max_abs_logit_diff"] for e in v.values()) for k, v in per_rule.items()}},
                thresholds={"max_abs_logit_diff": f"<= {fmt(tol)} per rule"},
                explanation="prefill then token-by-token decode (positions derived, and explicit) vs one full "
                            "forward over the same tokens; rules decode across their (reduced) L0",
@@ -149,20 +150,20 @@ def batch_padding(subject: Subject, budget: Budget, progress: Any = None) -> Row
             pos = ((mask.cumsum(1) - 1).clamp(min=0)) if explicit else None  # [b, n] logical positions
             cache = engine.new_cache(b, n + decode)
             out = engine.forward(ids, attention_mask=mask, cache=cache, position_ids=pos)  # [b, n, v]
-            d = max(max_diff(out[i][mask[i].bool()], solo[i][0, :m]) for i, m in enumerate(lengths))
+            d = worst(max_diff(out[i][mask[i].bool()], solo[i][0, :m]) for i, m in enumerate(lengths))
             if side == "left":  # decode continues every row after its own last token
                 for j in range(decode):
                     step_ids = torch.stack([r[0, m + j] for r, m in zip(rows, lengths)])[:, None]  # [b, 1]
                     step_pos = torch.tensor(lengths)[:, None] + j if explicit else None
                     step = engine.forward(step_ids, attention_mask=torch.ones(b, 1, dtype=torch.long), cache=cache,
                                           position_ids=step_pos)
-                    d = max(d, max(max_diff(step[i, 0], solo[i][0, m + j]) for i, m in enumerate(lengths)))
+                    d = worst([d, *(max_diff(step[i, 0], solo[i][0, m + j]) for i, m in enumerate(lengths))])
             results[f"{side}_{'explicit' if explicit else 'derived'}"] = d
             if progress:
                 progress()
-    worst = max(results.values())
-    return Row("batch-padding", worst <= tol,
-               measured={"max_abs_logit_diff": worst, **results},
+    largest = worst(results.values())
+    return Row("batch-padding", within(largest, tol),
+               measured={"max_abs_logit_diff": largest, **results},
                thresholds={"max_abs_logit_diff": f"<= {fmt(tol)}"},
                explanation=f"3 rows of {lengths} tokens padded to {n} (left: then {decode} decode steps) vs each "
                            "row alone; positions derived by the engine and given explicitly",
