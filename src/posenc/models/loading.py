@@ -14,7 +14,6 @@
 from __future__ import annotations
 
 import importlib.util
-import json
 import sys
 from pathlib import Path
 from typing import Any, Mapping
@@ -22,6 +21,7 @@ from typing import Any, Mapping
 import torch
 
 from ..errors import Raw, fail
+from .files import check_layers, read_config_json, read_safetensors
 
 __all__ = ["embedded_model_path", "load_pretrained", "posenc_state_dict", "read_checkpoint", "to_transformers",
            "SUPPORTED_MODEL_TYPES", "EMBEDDED_MODEL", "EMBEDDED_INSTALL"]
@@ -97,17 +97,15 @@ def _read_directory(folder: Path, dtype: torch.dtype) -> tuple[dict[str, Any], d
     config_file = folder / "config.json"
     if not config_file.is_file():
         fail("path", "a .gguf file or a transformers directory with config.json", str(folder))
-    cfg = json.loads(config_file.read_text())
+    cfg = read_config_json(config_file)
     files = sorted(folder.glob("*.safetensors"))
     if not files:
         fail("path", "a transformers directory with *.safetensors weights (save with safe_serialization=True)",
              str(folder))
-    from safetensors.torch import load_file
 
-    state: dict[str, torch.Tensor] = {}
-    for file in files:
-        state.update({k: v.to(dtype) for k, v in load_file(str(file)).items()})
-    return cfg, state
+    def check(names: list[str]) -> None:  # before any tensor is read or a layer built
+        check_layers(cfg.get("num_hidden_layers"), names, "config['num_hidden_layers']")
+    return cfg, read_safetensors(files, dtype, check)
 
 
 def read_checkpoint(path: str | Path, *, dtype: torch.dtype = torch.float32, rope_scaling: Any = None,
@@ -124,6 +122,8 @@ def read_checkpoint(path: str | Path, *, dtype: torch.dtype = torch.float32, rop
     """
     if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
         fail("dtype", "a floating-point torch.dtype", dtype)
+    if rope_scaling is not None and not isinstance(rope_scaling, Mapping):  # before the file is read
+        _with_rope_scaling({}, rope_scaling)
     file = Path(path)
     if not file.exists():
         fail("path", "an existing .gguf file or transformers directory", str(path))
@@ -132,7 +132,7 @@ def read_checkpoint(path: str | Path, *, dtype: torch.dtype = torch.float32, rop
     else:
         from .gguf_checkpoint import read_gguf
 
-        cfg, state = read_gguf(file, dtype=dtype, undo_permutation=undo_permutation)
+        cfg, state = read_gguf(file, dtype=dtype, undo_permutation=undo_permutation, rope_scaling=rope_scaling)
     model_type = cfg.get("model_type")
     if model_type not in SUPPORTED_MODEL_TYPES:
         fail("config['model_type']", f"one of {SUPPORTED_MODEL_TYPES} (posenc's Llama-family decoder)", model_type)
