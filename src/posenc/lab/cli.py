@@ -15,7 +15,7 @@ import argparse
 import pathlib
 import sys
 
-from ..errors import fail
+from ..errors import Raw, fail
 from .config import DEFAULT_RULES, SCHEMES, LabConfig
 
 __all__ = ["add_parser", "config_from_args", "run"]
@@ -113,6 +113,12 @@ def run(args: argparse.Namespace) -> int:
     from .run import run_lab
 
     progress.set_mode(args.progress)
+    if not args.no_plots:  # before minutes of training, not after them
+        try:
+            import matplotlib  # noqa: F401
+        except ImportError:
+            fail("--no-plots", "matplotlib for the figures: pip install 'posenc[plots]' (or pass --no-plots to "
+                 "write the CSV, JSON and summary without them)", Raw("matplotlib not installed"))
     if args.threads is not None:
         if args.threads < 1:
             fail("--threads", "an integer >= 1", args.threads)

