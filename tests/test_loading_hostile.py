@@ -183,3 +183,22 @@ def test_a_directory_declaring_more_layers_than_its_tensors_is_refused_before_bu
     (folder / "config.json").write_text(json.dumps({**cfg, "num_hidden_layers": "2"}))
     with pytest.raises(PosencError, match=r"config\['num_hidden_layers'\]: expected a positive integer, got '2'"):
         Decoder.from_pretrained(folder)
+
+
+def test_a_forged_metadata_count_is_refused_before_the_gguf_reader_loops_on_it(tmp_path):
+    import struct
+
+    key = b"x.arr"  # one array of 2**40 uint8 in a 45-byte file: the gguf reader loops 2**40 times on it
+    forged = struct.pack("<4sIQQ", b"GGUF", 3, 0, 1) + struct.pack("<Q", len(key)) + key + struct.pack("<IIQ", 9, 0, 2**40)
+    (tmp_path / "forged.gguf").write_bytes(forged)
+    start = time.perf_counter()
+    with pytest.raises(PosencError, match=r"x.arr: expected an array the file can hold .* got 1099511627776 elements"):
+        read_checkpoint(tmp_path / "forged.gguf")
+    strings = struct.pack("<4sIQQ", b"GGUF", 3, 0, 1) + struct.pack("<Q", len(key)) + key + struct.pack("<IIQ", 9, 8, 2**62)
+    (tmp_path / "strings.gguf").write_bytes(strings)
+    with pytest.raises(PosencError, match=r"x.arr: expected an array the file can hold"):
+        read_checkpoint(tmp_path / "strings.gguf")
+    (tmp_path / "keys.gguf").write_bytes(struct.pack("<4sIQQ", b"GGUF", 3, 2**50, 2**60))
+    with pytest.raises(PosencError, match=r"path: expected counts the file can hold"):
+        read_checkpoint(tmp_path / "keys.gguf")
+    assert time.perf_counter() - start < 2.0

@@ -114,6 +114,9 @@ def unshard(shards: Sequence[torch.Tensor], dim: int, layout: str = "zigzag") ->
             fail("shards", what, Raw(f"shards[{i}] = {part!r}"[:120]))
     first = shards[0]
     dim = _dim(dim, first.ndim)
+    sizes = {s.shape[dim] if s.ndim == first.ndim else -1 for s in shards}
+    if len(sizes) != 1 and -1 not in sizes:
+        fail("shards", "shards of equal length along dim", Raw(f"lengths {sorted(sizes)}"))
     for i, part in enumerate(shards):  # one rank's shard of one tensor: the same shape, dtype and device
         if (part.shape, part.dtype, part.device) != (first.shape, first.dtype, first.device):
             fail("shards", f"shards like shards[0] (shape {tuple(first.shape)}, {first.dtype}, on {first.device})",

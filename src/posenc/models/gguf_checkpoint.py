@@ -59,6 +59,12 @@ def _reader(path: str | Path) -> Any:
         import gguf
     except ImportError:
         fail("path", "a GGUF file with the `gguf` package installed (pip install 'posenc[gguf]')", str(path))
+    from .gguf_layout import check_gguf_layout
+
+    try:
+        check_gguf_layout(path)  # counts the file cannot hold: the gguf reader would loop on them
+    except OSError as err:
+        fail("path", "a readable GGUF file", Raw(f"{str(path)!r} ({err})"))
     try:
         return gguf.GGUFReader(str(path))
     except Exception as err:  # the gguf package's parser leaks IndexError, KeyError, ... on a cut or forged file
