@@ -114,3 +114,31 @@ def test_new_cache_that_cannot_be_allocated_is_refused_by_name():
 def test_from_pretrained_refuses_dtypes_the_decoder_cannot_run(tmp_path, dtype):
     with pytest.raises(PosencError, match=r"dtype: expected a floating-point torch.dtype the decoder computes in \(float32, float64, bfloat16 or float16\)"):
         Decoder.from_pretrained(tmp_path, dtype=dtype)
+
+
+def test_lab_refuses_a_json_path_that_is_a_folder_before_training(monkeypatch, tmp_path, capsys):
+    import posenc.lab.run as lab_run
+    from posenc.cli import main
+
+    def no_training(*args, **kwargs):
+        raise AssertionError("the lab trained before checking --json")
+    monkeypatch.setattr(lab_run, "run_lab", no_training)
+    (tmp_path / "folder").mkdir()
+    assert main(["lab", "--quick", "--no-plots", "--out", str(tmp_path / "o"), "--json", str(tmp_path / "folder")]) == 2
+    assert "--json: expected a file path to write (not a folder)" in capsys.readouterr().err
+
+
+def test_lab_json_is_strict_json_when_a_run_diverges(monkeypatch, tmp_path):
+    import json
+
+    import posenc.lab.report as report
+
+    rows = [{"section": "eval", "model": "rope", "value": float("inf")}, {"value": float("nan")}]
+    monkeypatch.setattr(report, "tidy_rows", lambda results: rows)
+    report.write_json({"meta": {"schemes": ("rope",)}}, [{"name": "p", "measured": float("-inf")}], tmp_path / "r.json")
+
+    def refuse(name):
+        raise ValueError(f"non-standard JSON constant {name}")
+    data = json.loads((tmp_path / "r.json").read_text(), parse_constant=refuse)
+    assert [r["value"] for r in data["measurements"]] == ["inf", "nan"] and data["predictions"][0]["measured"] == "-inf"
+    assert data["meta"]["schemes"] == ["rope"]

@@ -161,9 +161,9 @@ def test_verify_cli_refuses_bad_threads_and_outputs_before_running(tiny, tmp_pat
         assert f"--threads: expected an integer >= 1, got {threads}" in capsys.readouterr().err
     (tmp_path / "dir").mkdir()
     assert main([*base, "--json", str(tmp_path / "dir"), "--out", str(tmp_path / "o")]) == 2
-    assert "--json: expected a file path for the JSON report" in capsys.readouterr().err
+    assert "--json: expected a file path to write (not a folder)" in capsys.readouterr().err
     (tmp_path / "file").write_text("x")
     assert main([*base, "--out", str(tmp_path / "file" / "sub")]) == 2
-    assert "--out: expected a folder for the report" in capsys.readouterr().err
+    assert "--out: expected a folder to write into (not a file)" in capsys.readouterr().err
     assert main([*base, "--json", str(tmp_path / "file" / "v.json"), "--out", str(tmp_path / "o")]) == 2
     assert "--json: expected a file path" in capsys.readouterr().err

@@ -16,6 +16,7 @@ import pathlib
 import sys
 
 from ..errors import Raw, fail
+from ..outputs import writable_file, writable_folder
 from .config import DEFAULT_RULES, SCHEMES, LabConfig
 
 __all__ = ["add_parser", "config_from_args", "run"]
@@ -125,6 +126,9 @@ def run(args: argparse.Namespace) -> int:
         torch.set_num_threads(args.threads)
     cfg = config_from_args(args)
     out = pathlib.Path(args.out or f"results/lab-{'quick' if args.quick else 'full'}")
+    writable_folder("--out", out)
+    if args.json:
+        writable_file("--json", args.json)
     out.mkdir(parents=True, exist_ok=True)
     results = run_lab(cfg, out)
     torch.save(results, out / "raw_results.pt")  # the nested results, should a report step need redoing

@@ -10,7 +10,6 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from pathlib import Path
 from typing import Any
 
 __all__ = ["add_parser", "run", "check_outputs"]
@@ -41,14 +40,6 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     return p
 
 
-def _blocked(path: Path) -> Path | None:
-    """The first existing non-folder at or above `path`'s parent (a folder cannot be made there), or None."""
-    for parent in [path.parent, *path.parent.parents]:
-        if parent.exists():
-            return None if parent.is_dir() else parent
-    return None
-
-
 def check_outputs(args: argparse.Namespace) -> None:
     """Refuse `--threads` below 1, an `--out` that is or sits under a file, a `--json` that is a folder or
     sits under a file, before any work.
@@ -56,21 +47,14 @@ def check_outputs(args: argparse.Namespace) -> None:
     Raises:
         PosencError: naming the option, what it must be and what is there.
     """
-    from ..errors import Raw, fail, integer
+    from ..errors import integer
+    from ..outputs import writable_file, writable_folder
 
     if args.threads is not None:
         integer("--threads", args.threads, min=1, what="an integer >= 1")
-    out = Path(args.out)
-    if out.exists() and not out.is_dir():
-        fail("--out", "a folder for the report", Raw(f"{out} is a file"))
-    if _blocked(out / "report.json") is not None:
-        fail("--out", "a folder for the report", Raw(f"{out} is under {_blocked(out / 'report.json')}, a file"))
+    writable_folder("--out", args.out)
     if args.json:
-        path = Path(args.json)
-        if path.is_dir():
-            fail("--json", "a file path for the JSON report", Raw(f"{path} is a folder"))
-        if _blocked(path) is not None:
-            fail("--json", "a file path for the JSON report", Raw(f"{path} is under {_blocked(path)}, a file"))
+        writable_file("--json", args.json)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -85,6 +85,8 @@ def strict(value: Any) -> Any:
         return {str(k): strict(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
         return [strict(v) for v in value]
+    if isinstance(value, (set, frozenset)):
+        return [strict(v) for v in sorted(value, key=str)]
     if isinstance(value, numbers.Real):  # NumPy and torch scalars
         return strict(float(value))
     return str(value)
