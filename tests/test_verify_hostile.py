@@ -167,3 +167,15 @@ def test_verify_cli_refuses_bad_threads_and_outputs_before_running(tiny, tmp_pat
     assert "--out: expected a folder to write into (not a file)" in capsys.readouterr().err
     assert main([*base, "--json", str(tmp_path / "file" / "v.json"), "--out", str(tmp_path / "o")]) == 2
     assert "--json: expected a file path" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("change", [lambda out, ids: torch.zeros_like(out),
+                                    lambda out, ids: out[:, :1].mean(0, keepdim=True).expand_as(out) * 0 + 1.5],
+                         ids=["zeros", "constant"])
+def test_logits_that_ignore_the_input_fail_the_consistency_rows(tiny, change):
+    # the same logits for every token agree with themselves everywhere: the rows hold the spread too
+    rows = run_checks(subject(tiny, breaking(change)), BUDGET, ["relativity", "prefill-decode", "batch-padding"])
+    assert [r.status for r in rows] == ["FAIL"] * 3, [(r.name, r.measured) for r in rows]
+    assert all(r.measured["logit_spread"] == 0.0 and r.measured["max_abs_logit_diff"] == 0.0 for r in rows)
+    clean = run_checks(subject(tiny, posenc_engine), BUDGET, ["relativity", "prefill-decode", "batch-padding"])
+    assert all(r.passed and r.measured["logit_spread"] > 1.0 for r in clean), [r.measured for r in clean]

@@ -17,7 +17,7 @@ import torch
 from .output import CheckedEngine, vocab_of
 
 __all__ = ["Row", "Subject", "Budget", "BUDGETS", "boundary_rules", "short_rules", "max_diff", "worst",
-           "within", "top1_agree", "token_nll", "chunked_forward"]
+           "within", "spread", "top1_agree", "token_nll", "chunked_forward"]
 
 
 @dataclass
@@ -175,6 +175,13 @@ def worst(values: Any) -> float:
     if any(math.isnan(v) for v in values):
         return math.nan
     return max(values, default=0.0)
+
+
+def spread(logits: torch.Tensor) -> float:
+    """max |logits[:, j] - logits[:, 0]| over positions j of `[b, t, v]`: how much the logits depend on the
+    tokens. An engine returning the same logits for every input compares equal with itself in every
+    consistency row; its spread is 0."""
+    return max_diff(logits, logits[:, :1])
 
 
 def within(value: float, bound: float) -> bool:

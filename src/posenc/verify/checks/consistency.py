@@ -8,18 +8,30 @@ off by one, or keys carrying the wrong rotation, move logits by 1e-2 to 1 and mo
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
 
-from .common import Budget, Row, Subject, boundary_rules, fmt, max_diff, top1_agree, within, worst
+from .common import Budget, Row, Subject, boundary_rules, fmt, max_diff, spread, top1_agree, within, worst
 
-__all__ = ["relativity", "prefill_decode", "batch_padding", "LOGIT_TOL", "logit_tol"]
+__all__ = ["relativity", "prefill_decode", "batch_padding", "LOGIT_TOL", "logit_tol", "SPREAD_RATIO"]
 
 LOGIT_TOL = {torch.float64: 1e-9, torch.float32: 1e-4, torch.bfloat16: 0.25, torch.float16: 0.05}
 # float32 angle rounding: |error| <= p * 2**-24 rad at position p (posenc.rope.tables), which moves the
 # logits of a shifted copy by at most SENSITIVITY * p * 2**-24; SENSITIVITY bounds |d logit / d angle|.
 SENSITIVITY = 64.0
+# The compared logits must depend on the tokens: an engine returning the same logits for every input
+# agrees with itself everywhere. Real text moves the logits of SmolLM2 by 24 between positions, the
+# tests' random model by 8; SPREAD_RATIO x the tolerance (1e-3 in float32, 2.5 in bfloat16) is far below.
+SPREAD_RATIO = 10.0
+
+
+def informative_of(spreads: list[float], tol: float) -> tuple[float, bool, dict[str, str]]:
+    """`(smallest spread, it is >= SPREAD_RATIO * tol, the threshold)` over the row's reference forwards."""
+    s = min(spreads) if spreads and not any(math.isnan(v) for v in spreads) else math.nan
+    return s, within(SPREAD_RATIO * tol, s), {"logit_spread": f">= {fmt(SPREAD_RATIO * tol)} (the logits depend on "
+                                                                 "the tokens)"}
 
 
 def logit_tol(dtype: torch.dtype) -> float:
@@ -60,12 +72,13 @@ def relativity(subject: Subject, budget: Budget, progress: Any = None) -> Row:
         if progress:
             progress()
     ratio = worst(ratios)  # NaN-aware: a NaN anywhere fails the row
-    passed = bool(shifts) and within(ratio, 1.0)
+    varied, informs, needs = informative_of([spread(base)], logit_tol(subject.dtype))
+    passed = bool(shifts) and within(ratio, 1.0) and informs
     return Row("relativity", passed,
                measured={"max_abs_logit_diff": worst(diffs), "worst_diff_over_tolerance": ratio, "top1_agreement": agree,
-                         "shifts": shifts},
+                         "logit_spread": varied, "shifts": shifts},
                thresholds={"worst_diff_over_tolerance": "<= 1 (tolerance = "
-                            f"{fmt(logit_tol(subject.dtype))} + {SENSITIVITY:g} * (s + n) * 2^-24)"},
+                            f"{fmt(logit_tol(subject.dtype))} + {SENSITIVITY:g} * (s + n) * 2^-24)", **needs},
                explanation=f"{n} tokens at positions s..s+n-1 vs 0..n-1, full and cached: equal up to float32 "
                            "noise plus the float32 angle rounding that grows with the position",
                details={"per_shift": per_shift})
@@ -78,8 +91,10 @@ def rules_for_decode(subject: Subject, budget: Budget) -> dict[str, dict | None]
 
 @torch.no_grad()
 def _decode_vs_full(engine: Any, ids: torch.Tensor, prefill: int, per_step_full: bool, explicit: bool
-                    ) -> tuple[float, float, list[float]]:
-    """Prefill `prefill` tokens, decode the rest one by one; compare each step with a full forward."""
+                    ) -> tuple[float, float, list[float], float]:
+    """Prefill `prefill` tokens, decode the rest one by one; compare each step with a full forward.
+
+    Returns `(max diff, top-1 agreement, per-step diffs, spread of the full forward's logits)`."""
     n = ids.shape[1]
     cache = engine.new_cache(1, n)
     pos = (lambda a, b: torch.arange(a, b)[None]) if explicit else (lambda a, b: None)
@@ -94,13 +109,14 @@ def _decode_vs_full(engine: Any, ids: torch.Tensor, prefill: int, per_step_full:
         ref_prefill = full[:, :prefill]
     diffs = [max_diff(s, f) for s, f in zip(steps, fulls)]
     agree = top1_agree(torch.cat(steps, 1), torch.cat(fulls, 1))
-    return worst([max_diff(first, ref_prefill), *diffs]), agree, diffs
+    varied = spread(torch.cat([ref_prefill, *fulls], 1))
+    return worst([max_diff(first, ref_prefill), *diffs]), agree, diffs, varied
 
 
 def prefill_decode(subject: Subject, budget: Budget, progress: Any = None) -> Row:
     """Cache vs full forward for the checkpoint's rule and every length rule (decode crosses the reduced L0)."""
     tol = logit_tol(subject.dtype)
-    per_rule, seen = {}, []
+    per_rule, seen, spreads = {}, [], []
     for name, rule in rules_for_decode(subject, budget).items():
         engine = subject.engine(rule)
         steps = budget.decode_steps
@@ -112,7 +128,8 @@ def prefill_decode(subject: Subject, budget: Budget, progress: Any = None) -> Ro
         dynamic = rule is not None and rule.get("rope_type") == "dynamic"
         entry = {}
         for explicit in ((False, True) if rule is None else (False,)):
-            d, agree, diffs = _decode_vs_full(engine, ids, prefill, dynamic, explicit)
+            d, agree, diffs, varied = _decode_vs_full(engine, ids, prefill, dynamic, explicit)
+            spreads.append(varied)
             entry["explicit" if explicit else "derived"] = {"max_abs_logit_diff": d, "top1_agreement": agree,
                                                             "per_step": diffs, "first_position": prefill}
             seen.append(d)
@@ -120,10 +137,11 @@ def prefill_decode(subject: Subject, budget: Budget, progress: Any = None) -> Ro
         if progress:
             progress()
     failed = sorted(k for k, v in per_rule.items() if not all(within(e["max_abs_logit_diff"], tol) for e in v.values()))
-    return Row("prefill-decode", not failed,
-               measured={"max_abs_logit_diff": worst(seen), "failed_rules": failed,
+    varied, informs, needs = informative_of(spreads, tol)
+    return Row("prefill-decode", not failed and informs,
+               measured={"max_abs_logit_diff": worst(seen), "failed_rules": failed, "logit_spread": varied,
                          **{f"{k}": worst(e["max_abs_logit_diff"] for e in v.values()) for k, v in per_rule.items()}},
-               thresholds={"max_abs_logit_diff": f"<= {fmt(tol)} per rule"},
+               thresholds={"max_abs_logit_diff": f"<= {fmt(tol)} per rule", **needs},
                explanation="prefill then token-by-token decode (positions derived, and explicit) vs one full "
                            "forward over the same tokens; rules decode across their (reduced) L0",
                details={"per_rule": per_rule})
@@ -138,6 +156,7 @@ def batch_padding(subject: Subject, budget: Budget, progress: Any = None) -> Row
     lengths = [n, n - 5, n - 11]
     rows = [subject.text(m + decode, offset=300 * i) for i, m in enumerate(lengths)]  # each [1, m + decode]
     solo = [engine.forward(r) for r in rows]  # [1, m + decode, v]
+    varied, informs, needs = informative_of([spread(r) for r in solo], tol)
     b = len(rows)
     results: dict[str, float] = {}
     for side in ("left", "right"):
@@ -162,9 +181,9 @@ def batch_padding(subject: Subject, budget: Budget, progress: Any = None) -> Row
             if progress:
                 progress()
     largest = worst(results.values())
-    return Row("batch-padding", within(largest, tol),
-               measured={"max_abs_logit_diff": largest, **results},
-               thresholds={"max_abs_logit_diff": f"<= {fmt(tol)}"},
+    return Row("batch-padding", within(largest, tol) and informs,
+               measured={"max_abs_logit_diff": largest, "logit_spread": varied, **results},
+               thresholds={"max_abs_logit_diff": f"<= {fmt(tol)}", **needs},
                explanation=f"3 rows of {lengths} tokens padded to {n} (left: then {decode} decode steps) vs each "
                            "row alone; positions derived by the engine and given explicitly",
                details={"lengths": lengths})
