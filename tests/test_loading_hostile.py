@@ -202,3 +202,35 @@ def test_a_forged_metadata_count_is_refused_before_the_gguf_reader_loops_on_it(t
     with pytest.raises(PosencError, match=r"path: expected counts the file can hold"):
         read_checkpoint(tmp_path / "keys.gguf")
     assert time.perf_counter() - start < 2.0
+
+
+def _tokenizer_gguf(path, tokens=("a", "b", "ab"), merges=("a b",), types=None, skip=()):
+    w = gguf.GGUFWriter(str(path), "llama")
+    w.add_string("tokenizer.ggml.model", "gpt2")
+    if "tokens" not in skip:
+        w.add_array("tokenizer.ggml.tokens", list(tokens))
+    w.add_array("tokenizer.ggml.merges", list(merges))
+    if types is not None:
+        w.add_array("tokenizer.ggml.token_type", list(types))
+    w.add_tensor("token_embd.weight", np.zeros((3, 2), dtype=np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+@pytest.mark.parametrize("kwargs, key", [
+    (dict(skip=("tokens",)), "tokenizer.ggml.tokens"),
+    (dict(tokens=("a", "b", "a")), "tokenizer.ggml.tokens"),
+    (dict(merges=("a c",)), "tokenizer.ggml.merges"),
+    (dict(merges=("ab",)), "tokenizer.ggml.merges"),
+    (dict(types=(1, 1)), "tokenizer.ggml.token_type"),
+], ids=["no-tokens", "repeated", "unknown-merge", "merge-without-space", "types-short"])
+def test_a_gguf_tokenizer_with_contradicting_metadata_is_refused_by_key(tmp_path, kwargs, key):
+    pytest.importorskip("tokenizers")
+    from posenc.models import load_tokenizer
+
+    assert load_tokenizer(_tokenizer_gguf(tmp_path / "ok.gguf")).encode("ab") == [2]  # the baseline loads
+    with pytest.raises(PosencError, match=rf"^{key}: expected"):
+        load_tokenizer(_tokenizer_gguf(tmp_path / "bad.gguf", **kwargs))

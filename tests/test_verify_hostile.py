@@ -117,6 +117,8 @@ def test_check_logits_names_shape_dtype_and_values():
     mask = torch.tensor([[1, 1, 1], [1, 1, 0]])  # the bad value sits at a padded column: not held against it
     assert check_logits(bad, ids, 5, mask) is bad
     assert check_logits(torch.zeros(2, 3, 7), ids, None).shape == (2, 3, 7)  # vocabulary unknown: any width
+    with pytest.raises(PosencError, match=r"logits: expected .* with values, got a meta tensor"):
+        check_logits(torch.zeros(2, 3, 5, device="meta"), ids, 5)
 
 
 def test_selftest_catches_nan_and_narrow_vocabulary_engines(tiny):

@@ -42,6 +42,8 @@ def check_logits(logits: Any, input_ids: torch.Tensor, vocab_size: int | None,
     expected = f"a floating-point tensor of shape [{b}, {t}, {width}] ([b, t, vocab] for input_ids [{b}, {t}])"
     if not isinstance(logits, torch.Tensor):
         fail("logits", expected, type(logits))
+    if logits.is_meta:  # no values to compare
+        fail("logits", expected + " with values", Raw("a meta tensor"))
     if not logits.dtype.is_floating_point or logits.ndim != 3 or tuple(logits.shape[:2]) != (b, t) \
             or (vocab_size is not None and logits.shape[2] != vocab_size):
         fail("logits", expected, logits)
