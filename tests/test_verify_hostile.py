@@ -181,3 +181,20 @@ def test_logits_that_ignore_the_input_fail_the_consistency_rows(tiny, change):
     assert all(r.measured["logit_spread"] == 0.0 and r.measured["max_abs_logit_diff"] == 0.0 for r in rows)
     clean = run_checks(subject(tiny, posenc_engine), BUDGET, ["relativity", "prefill-decode", "batch-padding"])
     assert all(r.passed and r.measured["logit_spread"] > 1.0 for r in clean), [r.measured for r in clean]
+
+
+def test_an_engine_that_ignores_explicit_positions_fails_relativity(tiny):
+    class Ignores:  # always derives its own positions: shifted copies run at 0.. and match trivially
+        def __init__(self, inner):
+            self.inner = inner
+
+        def new_cache(self, b, n):
+            return self.inner.new_cache(b, n)
+
+        def forward(self, ids, *, attention_mask=None, cache=None, position_ids=None):
+            return self.inner.forward(ids, attention_mask=attention_mask, cache=cache)
+    row = run_checks(subject(tiny, lambda p, r, d: Ignores(posenc_engine(p, r, d))), BUDGET, ["relativity"])[0]
+    assert row.status == "FAIL" and row.measured["gap_effect"] == 0.0 and row.measured["max_abs_logit_diff"] == 0.0
+    clean = run_checks(subject(tiny, posenc_engine), BUDGET, ["relativity"])[0]
+    assert clean.passed and clean.measured["gap_effect"] > 1e-2, clean.measured
+    assert "positions-ignored" in FAULTS and FAULTS["positions-ignored"].row == "relativity"

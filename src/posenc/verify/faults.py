@@ -76,6 +76,13 @@ class ReusedRotatedKeys(Wrapped):
         return out
 
 
+class PositionsIgnored(Wrapped):
+    """Explicit position_ids dropped: the engine always derives its own (shifted copies run at 0..)."""
+
+    def forward(self, input_ids, *, attention_mask=None, cache=None, position_ids=None):
+        return self.inner.forward(input_ids, attention_mask=attention_mask, cache=cache)
+
+
 class NaNLogits(Wrapped):
     """Every logit NaN: it compares False with every bound, so a row that tests `diff > tol` passes it."""
 
@@ -127,7 +134,7 @@ def faulty_factory(name: str, factory: Callable[..., Any]) -> Callable[..., Any]
             wrapped.mrope_position_ids = flat_positions
             return wrapped
         return {"off-by-one-decode": OffByOneDecode, "padding-drift": PaddingDrift,
-                "reused-rotated-keys": ReusedRotatedKeys, "nan-logits": NaNLogits,
+                "reused-rotated-keys": ReusedRotatedKeys, "nan-logits": NaNLogits, "positions-ignored": PositionsIgnored,
                 "narrow-vocab": NarrowVocab}.get(name, lambda e: e)(engine)
     make.__name__ = f"faulty_{name.replace('-', '_')}"
     return make
@@ -149,6 +156,7 @@ FAULTS = {f.name: f for f in (
     Fault("rule-ignored", "length-boundaries", "rope_scaling in the config but never applied"),
     Fault("short-context-damage", "short-context", "dynamic NTK implemented as linear (damages short context)"),
     Fault("flat-mrope", "multimodal", "M-RoPE coordinates flattened to 1-D token indices"),
+    Fault("positions-ignored", "relativity", "explicit position_ids ignored (positions always derived)"),
     Fault("nan-logits", "relativity", "every logit NaN (passes any `diff > tol` test)"),
     Fault("narrow-vocab", "prefill-decode", "logits cut to 10 columns of the vocabulary"),
 )}

@@ -25,6 +25,10 @@ SENSITIVITY = 64.0
 # agrees with itself everywhere. Real text moves the logits of SmolLM2 by 24 between positions, the
 # tests' random model by 8; SPREAD_RATIO x the tolerance (1e-3 in float32, 2.5 in bfloat16) is far below.
 SPREAD_RATIO = 10.0
+# ...and explicit positions must be honoured: the same tokens with a gap of GAP positions in the middle
+# change the later half's logits (their distances to the first half change) by >= HONOURED_RATIO x the
+# tolerance. An engine that ignores position_ids computes the shifted copies at 0.. and would pass.
+GAP, HONOURED_RATIO = 37, 100.0
 
 
 def informative_of(spreads: list[float], tol: float) -> tuple[float, bool, dict[str, str]]:
@@ -73,10 +77,15 @@ def relativity(subject: Subject, budget: Budget, progress: Any = None) -> Row:
             progress()
     ratio = worst(ratios)  # NaN-aware: a NaN anywhere fails the row
     varied, informs, needs = informative_of([spread(base)], logit_tol(subject.dtype))
-    passed = bool(shifts) and within(ratio, 1.0) and informs
+    half, gap = n // 2, min(GAP, max(subject.l0 - n, 1))
+    gapped = (torch.arange(n) + gap * (torch.arange(n) >= half))[None]  # 0..h-1, h+gap..n-1+gap
+    honoured = max_diff(engine.forward(ids, position_ids=gapped)[:, half:], base[:, half:])
+    needs["gap_effect"] = f">= {fmt(HONOURED_RATIO * logit_tol(subject.dtype))} (explicit positions honoured)"
+    passed = bool(shifts) and within(ratio, 1.0) and informs and within(HONOURED_RATIO * logit_tol(subject.dtype),
+                                                                         honoured)
     return Row("relativity", passed,
                measured={"max_abs_logit_diff": worst(diffs), "worst_diff_over_tolerance": ratio, "top1_agreement": agree,
-                         "logit_spread": varied, "shifts": shifts},
+                         "logit_spread": varied, "gap_effect": honoured, "shifts": shifts},
                thresholds={"worst_diff_over_tolerance": "<= 1 (tolerance = "
                             f"{fmt(logit_tol(subject.dtype))} + {SENSITIVITY:g} * (s + n) * 2^-24)", **needs},
                explanation=f"{n} tokens at positions s..s+n-1 vs 0..n-1, full and cached: equal up to float32 "
