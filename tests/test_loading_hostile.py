@@ -93,8 +93,8 @@ def test_a_gguf_cut_anywhere_is_a_posenc_error(tmp_path):
     (dict(meta={"llama.rope.scaling.type": "yarn", "llama.rope.scaling.factor": "2"}), "llama.rope.scaling.factor"),
     (dict(meta={"tokenizer.ggml.bos_token_id": "one"}), "tokenizer.ggml.bos_token_id"),
     (dict(drop=("llama.feed_forward_length",)), "llama.feed_forward_length"),
-], ids=["heads-3", "heads-0", "kv-0", "kv-3", "hidden-str", "blocks-str", "rope-dim-array", "key-length", "key-length-odd",
-        "theta-str", "eps-negative", "factor-str", "bos-str", "no-ffn"])
+], ids=["heads-3", "heads-0", "kv-0", "kv-3", "hidden-str", "blocks-str", "rope-dim-array", "key-length",
+        "key-length-odd", "theta-str", "eps-negative", "factor-str", "bos-str", "no-ffn"])
 def test_gguf_metadata_contradicting_the_tensors_is_refused_by_key(tmp_path, kwargs, names):
     path = write_gguf(tmp_path / "bad.gguf", **kwargs)
     with pytest.raises(PosencError) as err:
@@ -189,12 +189,13 @@ def test_a_forged_metadata_count_is_refused_before_the_gguf_reader_loops_on_it(t
     import struct
 
     key = b"x.arr"  # one array of 2**40 uint8 in a 45-byte file: the gguf reader loops 2**40 times on it
-    forged = struct.pack("<4sIQQ", b"GGUF", 3, 0, 1) + struct.pack("<Q", len(key)) + key + struct.pack("<IIQ", 9, 0, 2**40)
+    head = struct.pack("<4sIQQ", b"GGUF", 3, 0, 1) + struct.pack("<Q", len(key)) + key
+    forged = head + struct.pack("<IIQ", 9, 0, 2**40)
     (tmp_path / "forged.gguf").write_bytes(forged)
     start = time.perf_counter()
     with pytest.raises(PosencError, match=r"x.arr: expected an array the file can hold .* got 1099511627776 elements"):
         read_checkpoint(tmp_path / "forged.gguf")
-    strings = struct.pack("<4sIQQ", b"GGUF", 3, 0, 1) + struct.pack("<Q", len(key)) + key + struct.pack("<IIQ", 9, 8, 2**62)
+    strings = head + struct.pack("<IIQ", 9, 8, 2**62)
     (tmp_path / "strings.gguf").write_bytes(strings)
     with pytest.raises(PosencError, match=r"x.arr: expected an array the file can hold"):
         read_checkpoint(tmp_path / "strings.gguf")

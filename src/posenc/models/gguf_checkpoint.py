@@ -208,7 +208,8 @@ def read_gguf(path: str | Path, *, dtype: torch.dtype = torch.float32, undo_perm
     check_layers(cfg["num_hidden_layers"], names, f"{meta['general.architecture']}.block_count")  # before any read
     for name, shape in shapes.items():  # the head split below needs rows = heads x head_dim, in whole pairs
         part, kind = name.split(".")[-2:] if name.count(".") == 3 else (None, None)
-        if part in heads and (len(shape) != (2 if kind == "weight" else 1) or shape[-1] != heads[part] * cfg["head_dim"]):
+        rank = 2 if kind == "weight" else 1
+        if part in heads and (len(shape) != rank or shape[-1] != heads[part] * cfg["head_dim"]):
             key = "attention.head_count" + ("_kv" if part == "attn_k" else "")
             fail(name, f"{heads[part] * cfg['head_dim']} rows (the last ggml dimension: {key}={heads[part]} x "
                  f"head_dim {cfg['head_dim']})", Raw(f"shape {list(shape)}"))

@@ -7,7 +7,8 @@ sizes (GGUF v2/v3: `magic, version u32, tensors u64, keys u64`, then per key `st
 value`) and refuses any count the rest of the file cannot hold, naming the key.
 
     >>> import struct, tempfile, pathlib
-    >>> forged = struct.pack("<4sIQQ", b"GGUF", 3, 0, 1) + struct.pack("<Q", 3) + b"arr" + struct.pack("<IIQ", 9, 0, 2**40)
+    >>> header = struct.pack("<4sIQQ", b"GGUF", 3, 0, 1)          # version 3, 0 tensors, 1 key
+    >>> forged = header + struct.pack("<Q", 3) + b"arr" + struct.pack("<IIQ", 9, 0, 2**40)  # uint8[2**40]
     >>> path = pathlib.Path(tempfile.mkdtemp()) / "forged.gguf"
     >>> _ = path.write_bytes(forged)
     >>> try:
@@ -45,7 +46,8 @@ class _Walk:
     def take(self, fmt: str, arg: str) -> int:
         size = struct.calcsize(fmt)
         if size > self.left():
-            fail(arg, f"{size} more bytes in {self.where}", Raw(f"{self.left()} (the file ends at byte {len(self.data)})"))
+            fail(arg, f"{size} more bytes in {self.where}",
+                 Raw(f"{self.left()} (the file ends at byte {len(self.data)})"))
         (value,) = struct.unpack_from(self.order + fmt, self.data, self.at)
         self.at += size
         return value
@@ -90,7 +92,8 @@ def check_gguf_layout(path: str | Path) -> None:
     with open(path, "rb") as handle:
         size = path.stat().st_size
         if size < 24:
-            fail("path", "a GGUF file (magic 'GGUF', version, counts: 24 bytes at least)", Raw(f"{size} bytes in {str(path)!r}"))
+            fail("path", "a GGUF file (magic 'GGUF', version, counts: 24 bytes at least)",
+                 Raw(f"{size} bytes in {str(path)!r}"))
         data = mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ)
         try:
             _walk(data, str(path))

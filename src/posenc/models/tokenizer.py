@@ -74,7 +74,8 @@ def _vocabulary(meta: dict[str, Any]) -> tuple[list[str], list[tuple[str, str]],
     if not isinstance(tokens, list) or not tokens or not all(isinstance(t, str) for t in tokens):
         fail("tokenizer.ggml.tokens", "a non-empty array of strings", Raw(repr(tokens)[:80]))
     if len(set(tokens)) != len(tokens):
-        fail("tokenizer.ggml.tokens", "distinct tokens (one id each)", Raw(f"{len(tokens) - len(set(tokens))} repeated"))
+        fail("tokenizer.ggml.tokens", "distinct tokens (one id each)",
+             Raw(f"{len(tokens) - len(set(tokens))} repeated"))
     raw = meta["tokenizer.ggml.merges"]
     if not isinstance(raw, list) or not all(isinstance(m, str) and m.count(" ") >= 1 for m in raw):
         fail("tokenizer.ggml.merges", "an array of strings 'left right'", Raw(repr(raw)[:80]))

@@ -134,7 +134,8 @@ def faulty_factory(name: str, factory: Callable[..., Any]) -> Callable[..., Any]
             wrapped.mrope_position_ids = flat_positions
             return wrapped
         return {"off-by-one-decode": OffByOneDecode, "padding-drift": PaddingDrift,
-                "reused-rotated-keys": ReusedRotatedKeys, "nan-logits": NaNLogits, "positions-ignored": PositionsIgnored,
+                "reused-rotated-keys": ReusedRotatedKeys, "nan-logits": NaNLogits,
+                "positions-ignored": PositionsIgnored,
                 "narrow-vocab": NarrowVocab}.get(name, lambda e: e)(engine)
     make.__name__ = f"faulty_{name.replace('-', '_')}"
     return make

@@ -84,8 +84,8 @@ def relativity(subject: Subject, budget: Budget, progress: Any = None) -> Row:
     passed = bool(shifts) and within(ratio, 1.0) and informs and within(HONOURED_RATIO * logit_tol(subject.dtype),
                                                                          honoured)
     return Row("relativity", passed,
-               measured={"max_abs_logit_diff": worst(diffs), "worst_diff_over_tolerance": ratio, "top1_agreement": agree,
-                         "logit_spread": varied, "gap_effect": honoured, "shifts": shifts},
+               measured={"max_abs_logit_diff": worst(diffs), "worst_diff_over_tolerance": ratio,
+                         "top1_agreement": agree, "logit_spread": varied, "gap_effect": honoured, "shifts": shifts},
                thresholds={"worst_diff_over_tolerance": "<= 1 (tolerance = "
                             f"{fmt(logit_tol(subject.dtype))} + {SENSITIVITY:g} * (s + n) * 2^-24)", **needs},
                explanation=f"{n} tokens at positions s..s+n-1 vs 0..n-1, full and cached: equal up to float32 "

@@ -10,8 +10,9 @@ Every logit a row reads goes through `check_logits`; a `PosencError` from it fai
     >>> try:
     ...     check_logits(torch.zeros(1, 2, 3), ids, 8)
     ... except PosencError as e:
-    ...     print(e)
-    logits: expected a floating-point tensor of shape [1, 2, 8] ([b, t, vocab] for input_ids [1, 2]), got tensor of shape (1, 2, 3) and dtype torch.float32
+    ...     print(e.arg, "|", e.expected, "|", e.got)  # doctest: +NORMALIZE_WHITESPACE
+    logits | a floating-point tensor of shape [1, 2, 8] ([b, t, vocab] for input_ids [1, 2]) |
+        tensor of shape (1, 2, 3) and dtype torch.float32
 """
 
 from __future__ import annotations
