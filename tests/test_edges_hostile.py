@@ -143,3 +143,20 @@ def test_lab_json_is_strict_json_when_a_run_diverges(monkeypatch, tmp_path):
     data = json.loads((tmp_path / "r.json").read_text(), parse_constant=refuse)
     assert [r["value"] for r in data["measurements"]] == ["inf", "nan"] and data["predictions"][0]["measured"] == "-inf"
     assert data["meta"]["schemes"] == ["rope"]
+
+
+def test_growing_or_batching_a_cache_beyond_memory_is_refused_by_name():
+    model = tiny_decoder()
+    cache = model.new_cache(1, 4)
+    with torch.no_grad():
+        model(torch.tensor([[1, 2, 3]]), cache=cache)
+    with pytest.raises(PosencError, match=r"capacity: expected a cache that fits in memory"):
+        cache.grow(2**45)
+    assert cache.capacity == 4 and cache.lengths.tolist() == [3]  # unchanged by the refusal
+    kept = cache.k[0][:, :, :3].clone()
+    cache.grow(9)  # a real growth keeps the filled slots
+    assert cache.capacity == 9 and torch.equal(cache.k[0][:, :, :3], kept) and not cache.k[0][:, :, 3:].any()
+    with pytest.raises(PosencError, match=r"batch_size: expected a cache that fits in memory"):
+        model.new_cache(2**45, 1)
+    with pytest.raises(PosencError, match=r"path: expected a .gguf file or transformers directory \(a str or"):
+        Decoder.from_pretrained(123)

@@ -53,15 +53,15 @@ def _allocate(layers: int, shape_k: tuple[int, ...], shape_v: tuple[int, ...], d
     """Zeroed k and v buffers per layer; a capacity no element count or memory holds is refused by name."""
     numel = max(math.prod(shape_k), math.prod(shape_v))
     need = layers * (math.prod(shape_k) + math.prod(shape_v)) * torch.empty((), dtype=dtype).element_size()
-    capacity = shape_k[2]
+    arg, value = ("batch_size", shape_k[0]) if shape_k[0] > shape_k[2] else ("capacity", shape_k[2])  # the culprit
     if numel >= 2**63:  # torch's "Storage size calculation overflowed"
-        fail("capacity", "a capacity whose [b, hk, capacity, d] buffers have < 2**63 elements", capacity)
+        fail(arg, "a size whose [b, hk, capacity, d] buffers have < 2**63 elements", value)
     try:
         return ([torch.zeros(shape_k, dtype=dtype, device=device) for _ in range(layers)],
                 [torch.zeros(shape_v, dtype=dtype, device=device) for _ in range(layers)])
     except (RuntimeError, MemoryError) as err:  # torch.OutOfMemoryError is a RuntimeError
-        fail("capacity", f"a cache that fits in memory ({need / 2**30:.3g} GiB of keys and values asked)",
-             Raw(f"{capacity} ({type(err).__name__})"))
+        fail(arg, f"a cache that fits in memory ({need / 2**30:.3g} GiB of keys and values asked)",
+             Raw(f"{value} ({type(err).__name__})"))
 
 
 class KVCache:
@@ -200,9 +200,13 @@ class KVCache:
         extra = capacity - self.capacity
         if extra == 0:
             return
+        old = self.capacity
+        k, v = _allocate(self.num_layers, (*self.k[0].shape[:2], capacity, self.k[0].shape[3]),
+                         (*self.v[0].shape[:2], capacity, self.v[0].shape[3]), self.k[0].dtype, self.k[0].device)
+        for new, kept in zip(k + v, self.k + self.v):
+            new[:, :, :old] = kept  # [b, hk, capacity, d]: filled slots unchanged, the rest zeros
+        self.k, self.v = k, v
         pad = torch.nn.functional.pad
-        self.k = [pad(k, (0, 0, 0, extra)) for k in self.k]  # [b, hk, capacity, d]
-        self.v = [pad(v, (0, 0, 0, extra)) for v in self.v]
         self.positions = pad(self.positions, (0, extra), value=-1)  # [b, capacity]
         self.tokens = pad(self.tokens, (0, extra), value=-1)
 

@@ -92,7 +92,7 @@ def check_gguf_layout(path: str | Path) -> None:
     with open(path, "rb") as handle:
         size = path.stat().st_size
         if size < 24:
-            fail("path", "a GGUF file (magic 'GGUF', version, counts: 24 bytes at least)",
+            fail("path", "a readable GGUF file (magic 'GGUF', version, counts: 24 bytes at least)",
                  Raw(f"{size} bytes in {str(path)!r}"))
         data = mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ)
         try:
@@ -103,16 +103,16 @@ def check_gguf_layout(path: str | Path) -> None:
 
 def _walk(data: mmap.mmap, where: str) -> None:
     if data[:4] != b"GGUF":
-        fail("path", "a GGUF file (it starts with b'GGUF')", Raw(f"{bytes(data[:4])!r} at the start of {where!r}"))
+        fail("path", "a readable GGUF file (it starts with b'GGUF')", Raw(f"{bytes(data[:4])!r} at the start of {where!r}"))
     order = "<" if struct.unpack_from("<I", data, 4)[0] in (2, 3) else ">"  # gguf writes big-endian files too
     walk = _Walk(data, order, where)
     walk.at = 4
     version = walk.take("I", "path")
     if version not in (2, 3):
-        fail("path", "a GGUF file of version 2 or 3", Raw(f"version {version} in {where!r}"))
+        fail("path", "a readable GGUF file of version 2 or 3", Raw(f"version {version} in {where!r}"))
     tensors, keys = walk.take("Q", "path"), walk.take("Q", "path")
     if keys * 13 > walk.left() or tensors * 24 > walk.left():  # the smallest key-value and tensor entries
-        fail("path", f"counts the file can hold ({walk.left()} bytes after the header)",
+        fail("path", f"a readable GGUF file: counts it can hold ({walk.left()} bytes after the header)",
              Raw(f"{keys} metadata keys and {tensors} tensors declared in {where!r}"))
     for i in range(keys):
         key = walk.string(f"metadata key {i}")

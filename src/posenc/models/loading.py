@@ -126,6 +126,8 @@ def read_checkpoint(path: str | Path, *, dtype: torch.dtype = torch.float32, rop
              dtype)
     if rope_scaling is not None and not isinstance(rope_scaling, Mapping):  # before the file is read
         _with_rope_scaling({}, rope_scaling)
+    if not isinstance(path, (str, Path)):
+        fail("path", "a .gguf file or transformers directory (a str or pathlib.Path)", type(path))
     file = Path(path)
     if not file.exists():
         fail("path", "an existing .gguf file or transformers directory", str(path))
