@@ -198,3 +198,18 @@ def test_an_engine_that_ignores_explicit_positions_fails_relativity(tiny):
     clean = run_checks(subject(tiny, posenc_engine), BUDGET, ["relativity"])[0]
     assert clean.passed and clean.measured["gap_effect"] > 1e-2, clean.measured
     assert "positions-ignored" in FAULTS and FAULTS["positions-ignored"].row == "relativity"
+
+
+def test_an_engine_that_panics_with_a_base_exception_fails_its_row(tiny):
+    class Panic(BaseException):  # what a Rust extension's panic (pyo3's PanicException) derives from
+        pass
+
+    def panics(path, rope_scaling, dtype):
+        raise Panic("index out of range")
+    rows = run_checks(subject(tiny, panics), BUDGET, ["relativity", "batch-padding"])
+    assert [r.status for r in rows] == ["FAIL", "FAIL"] and "Panic: index out of range" in rows[0].measured["error"]
+
+    def interrupted(path, rope_scaling, dtype):
+        raise KeyboardInterrupt
+    with pytest.raises(KeyboardInterrupt):  # the user's interrupt still stops the run
+        run_checks(subject(tiny, interrupted), BUDGET, ["relativity"])
