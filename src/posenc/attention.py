@@ -197,6 +197,7 @@ def attention(
     bias = None if bias_scheme is None else _bias_4d(bias_scheme, q_positions, k_positions, hq)  # [b or 1, h, tq, tk]
 
     if impl == "flex":
+        _check_flex_backward(q, k, v, bias_scheme)
         out = _flex(q, k, v, q_pos, k_pos, bias_scheme, causal, key_mask, scale, window)
     elif impl == "sdpa":
         return sdpa_attention(q, k, v, safe, seen, scale=scale, bias=bias)
@@ -284,6 +285,17 @@ def _bias_4d(scheme: Any, q_positions: torch.Tensor, k_positions: torch.Tensor, 
     if bias.shape[-3] != heads:
         fail("encoding", f"a bias scheme for hq={heads} heads", bias)
     return bias if bias.ndim == 4 else bias.unsqueeze(0)  # [b or 1, h, tq, tk]
+
+
+def _check_flex_backward(q, k, v, scheme) -> None:
+    """flex_attention has no backward on CPU and refuses any input that requires grad (even under no_grad):
+    refuse it here by name, before torch's NotImplementedError."""
+    if q.device.type != "cpu":
+        return
+    params = scheme.parameters() if isinstance(scheme, torch.nn.Module) and torch.is_grad_enabled() else ()
+    if any(t.requires_grad for t in (q, k, v, *params)):
+        fail("impl", "'eager' or 'sdpa' when q, k or v require grad on cpu (flex_attention has no CPU backward; "
+             "for forward only, pass tensors that do not require grad, e.g. under torch.no_grad())", "flex")
 
 
 def _flex(q, k, v, q_pos, k_pos, scheme, causal, key_mask, scale, window=None) -> torch.Tensor:

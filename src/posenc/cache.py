@@ -30,6 +30,7 @@ refuse, since only a re-run of the tokens could move them.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
@@ -46,6 +47,22 @@ __all__ = ["KVCache", "STORES", "POLICIES"]
 STORES = ("rotated", "unrotated")
 POLICIES = ("recompute", "rerotate", "freeze", "refuse")
 INITIAL_CAPACITY = 64  # slots per row of a growable cache (capacity=None) before its first growth
+
+
+def _allocate(layers: int, shape_k: tuple[int, ...], shape_v: tuple[int, ...], dtype: torch.dtype,
+              device: Any) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """Zeroed k and v buffers per layer; a capacity no element count or memory holds is refused by name."""
+    numel = max(math.prod(shape_k), math.prod(shape_v))
+    need = layers * (math.prod(shape_k) + math.prod(shape_v)) * torch.empty((), dtype=dtype).element_size()
+    arg, value = ("batch_size", shape_k[0]) if shape_k[0] > shape_k[2] else ("capacity", shape_k[2])  # the culprit
+    if numel >= 2**63:  # torch's "Storage size calculation overflowed"
+        fail(arg, "a size whose [b, hk, capacity, d] buffers have < 2**63 elements", value)
+    try:
+        return ([torch.zeros(shape_k, dtype=dtype, device=device) for _ in range(layers)],
+                [torch.zeros(shape_v, dtype=dtype, device=device) for _ in range(layers)])
+    except (RuntimeError, MemoryError) as err:  # torch.OutOfMemoryError is a RuntimeError
+        fail(arg, f"a cache that fits in memory ({need / 2**30:.3g} GiB of keys and values asked)",
+             Raw(f"{value} ({type(err).__name__})"))
 
 
 class KVCache:
@@ -92,8 +109,7 @@ class KVCache:
         self.rope, self.store, self.policy = rope, store, policy
         shape_k = (batch_size, num_kv_heads, capacity, head_dim)
         shape_v = (batch_size, num_kv_heads, capacity, sizes["value_dim"])
-        self.k = [torch.zeros(shape_k, dtype=dtype, device=device) for _ in range(num_layers)]
-        self.v = [torch.zeros(shape_v, dtype=dtype, device=device) for _ in range(num_layers)]
+        self.k, self.v = _allocate(num_layers, shape_k, shape_v, dtype, device)
         self.positions = torch.full((batch_size, capacity), -1, dtype=torch.long, device=device)
         self.tokens = torch.full((batch_size, capacity), -1, dtype=torch.long, device=device)
         self.lengths = torch.zeros(batch_size, dtype=torch.long, device=device)
@@ -190,9 +206,13 @@ class KVCache:
         extra = capacity - self.capacity
         if extra == 0:
             return
+        old = self.capacity
+        k, v = _allocate(self.num_layers, (*self.k[0].shape[:2], capacity, self.k[0].shape[3]),
+                         (*self.v[0].shape[:2], capacity, self.v[0].shape[3]), self.k[0].dtype, self.k[0].device)
+        for new, kept in zip(k + v, self.k + self.v):
+            new[:, :, :old] = kept  # [b, hk, capacity, d]: filled slots unchanged, the rest zeros
+        self.k, self.v = k, v
         pad = torch.nn.functional.pad
-        self.k = [pad(k, (0, 0, 0, extra)) for k in self.k]  # [b, hk, capacity, d]
-        self.v = [pad(v, (0, 0, 0, extra)) for v in self.v]
         self.positions = pad(self.positions, (0, extra), value=-1)  # [b, capacity]
         self.tokens = pad(self.tokens, (0, extra), value=-1)
 

@@ -77,12 +77,19 @@ def shard(x: torch.Tensor, dim: int, cp_size: int, cp_rank: int, layout: str = "
     """This rank's slice of `x` along its sequence dimension `dim` (same index as `shard_positions`).
 
     Raises:
-        PosencError: as `shard_positions` for `x.shape[dim]`, or a non-tensor `x`.
+        PosencError: as `shard_positions` for `x.shape[dim]`, a non-tensor or 0-d `x`, a `dim` outside its rank.
     """
-    if not isinstance(x, torch.Tensor):
-        fail("x", "a torch.Tensor", type(x))
+    if not isinstance(x, torch.Tensor) or x.ndim == 0:
+        fail("x", "a torch.Tensor with a sequence dimension (rank >= 1)", x if isinstance(x, torch.Tensor) else type(x))
+    dim = _dim(dim, x.ndim)
     index = shard_positions(x.shape[dim], cp_size, cp_rank, layout, device=x.device)  # [S/W]
     return x.index_select(dim, index)  # [..., S/W, ...]
+
+
+def _dim(dim: Any, ndim: int) -> int:
+    """`dim` as a non-negative index into `ndim` dimensions (negative counts from the end)."""
+    return integer("dim", dim, min=-ndim, max=ndim - 1, what=f"an integer in [-{ndim}, {ndim}) (a dimension of the "
+                   f"tensor, rank {ndim})") % ndim
 
 
 def unshard_index(seq_len: int, cp_size: int, layout: str = "zigzag") -> torch.Tensor:
@@ -96,13 +103,24 @@ def unshard(shards: Sequence[torch.Tensor], dim: int, layout: str = "zigzag") ->
     """Inverse of `shard`: the full tensor from every rank's shard, given in rank order.
 
     Raises:
-        PosencError: an empty list or shards of different sizes.
+        PosencError: an empty list, items that are not tensors of rank >= 1, shards of different shapes,
+            dtypes or devices, or a `dim` outside their rank.
     """
+    what = "a non-empty list of tensors of rank >= 1, one per rank in rank order"
     if not isinstance(shards, (list, tuple)) or not shards:
-        fail("shards", "a non-empty list of tensors, one per rank in rank order", shards)
-    sizes = {s.shape[dim] for s in shards}
-    if len(sizes) != 1:
+        fail("shards", what, shards)
+    for i, part in enumerate(shards):
+        if not isinstance(part, torch.Tensor) or part.ndim == 0:
+            fail("shards", what, Raw(f"shards[{i}] = {part!r}"[:120]))
+    first = shards[0]
+    dim = _dim(dim, first.ndim)
+    sizes = {s.shape[dim] if s.ndim == first.ndim else -1 for s in shards}
+    if len(sizes) != 1 and -1 not in sizes:
         fail("shards", "shards of equal length along dim", Raw(f"lengths {sorted(sizes)}"))
+    for i, part in enumerate(shards):  # one rank's shard of one tensor: the same shape, dtype and device
+        if (part.shape, part.dtype, part.device) != (first.shape, first.dtype, first.device):
+            fail("shards", f"shards like shards[0] (shape {tuple(first.shape)}, {first.dtype}, on {first.device})",
+                 Raw(f"shards[{i}] of shape {tuple(part.shape)}, {part.dtype}, on {part.device}"))
     full = torch.cat(list(shards), dim=dim)  # [..., S, ...] in rank order
     return full.index_select(dim, unshard_index(full.shape[dim], len(shards), layout).to(full.device))
 

@@ -15,7 +15,8 @@ import argparse
 import pathlib
 import sys
 
-from ..errors import fail
+from ..errors import Raw, fail
+from ..outputs import writable_file, writable_folder
 from .config import DEFAULT_RULES, SCHEMES, LabConfig
 
 __all__ = ["add_parser", "config_from_args", "run"]
@@ -113,12 +114,21 @@ def run(args: argparse.Namespace) -> int:
     from .run import run_lab
 
     progress.set_mode(args.progress)
+    if not args.no_plots:  # before minutes of training, not after them
+        try:
+            import matplotlib  # noqa: F401
+        except ImportError:
+            fail("--no-plots", "matplotlib for the figures: pip install 'posenc[plots]' (or pass --no-plots to "
+                 "write the CSV, JSON and summary without them)", Raw("matplotlib not installed"))
     if args.threads is not None:
         if args.threads < 1:
             fail("--threads", "an integer >= 1", args.threads)
         torch.set_num_threads(args.threads)
     cfg = config_from_args(args)
     out = pathlib.Path(args.out or f"results/lab-{'quick' if args.quick else 'full'}")
+    writable_folder("--out", out)
+    if args.json:
+        writable_file("--json", args.json)
     out.mkdir(parents=True, exist_ok=True)
     results = run_lab(cfg, out)
     torch.save(results, out / "raw_results.pt")  # the nested results, should a report step need redoing

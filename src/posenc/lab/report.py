@@ -14,9 +14,7 @@ Every measured number becomes one row `{"section", "model", "multiple", "length"
 from __future__ import annotations
 
 import csv
-import json
 import pathlib
-from typing import Any
 
 __all__ = ["tidy_rows", "write_csv", "write_json", "markdown", "write_plots", "FIELDS"]
 
@@ -72,13 +70,9 @@ def write_csv(rows: list[dict], path: pathlib.Path) -> None:
 def write_json(results: dict, predictions: list[dict], path: pathlib.Path) -> None:
     """`{"meta", "measurements": tidy rows, "predictions": rows}` (no losses curve, no tensors)."""
     payload = dict(meta=results["meta"], measurements=tidy_rows(results), predictions=predictions)
-    pathlib.Path(path).write_text(json.dumps(payload, indent=1, default=_plain))
+    from ..verify.report import dumps  # strict JSON: a diverged run's inf perplexity is "inf", not Infinity
 
-
-def _plain(value: Any) -> Any:
-    if isinstance(value, (set, tuple)):
-        return list(value)
-    return str(value)
+    pathlib.Path(path).write_text(dumps(payload))
 
 
 def _cell(row: dict) -> str:

@@ -310,8 +310,9 @@ class Decoder(nn.Module):
         scheme = self.encoding if self.kind == "bias" else None
         if impl != "sdpa" or scheme is not None:
             def attend(q, k, v, window):
-                return attention(q, k, v, q_positions=positions, k_positions=key_positions, encoding=scheme,
-                                 key_mask=key_mask, scale=scale, impl=impl, window=window)
+                with rename({"impl": "attn_impl"}):  # the decoder's name for the choice
+                    return attention(q, k, v, q_positions=positions, k_positions=key_positions, encoding=scheme,
+                                     key_mask=key_mask, scale=scale, impl=impl, window=window)
             return attend
         masks: dict[int | None, tuple[torch.Tensor | None, torch.Tensor | None]] = {}
         if positions.shape[1] == key_positions.shape[1] and torch.equal(positions, key_positions) \

@@ -21,12 +21,14 @@ exactly the silent pairing bug (the text still looks like English).
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from ..errors import Raw, fail
+from ..errors import Raw, fail, integer, real
+from .files import check_layers
 
 __all__ = ["read_gguf", "gguf_metadata", "gguf_config", "permute_rows", "unpermute_rows", "ARCHITECTURES"]
 
@@ -57,10 +59,16 @@ def _reader(path: str | Path) -> Any:
         import gguf
     except ImportError:
         fail("path", "a GGUF file with the `gguf` package installed (pip install 'posenc[gguf]')", str(path))
+    from .gguf_layout import check_gguf_layout
+
+    try:
+        check_gguf_layout(path)  # counts the file cannot hold: the gguf reader would loop on them
+    except OSError as err:
+        fail("path", "a readable GGUF file", Raw(f"{str(path)!r} ({err})"))
     try:
         return gguf.GGUFReader(str(path))
-    except (ValueError, OSError) as err:
-        fail("path", "a readable GGUF file", Raw(f"{str(path)!r} ({err})"))
+    except Exception as err:  # the gguf package's parser leaks IndexError, KeyError, ... on a cut or forged file
+        fail("path", "a readable GGUF file", Raw(f"{str(path)!r} ({type(err).__name__}: {err})"))
 
 
 def _value(field: Any) -> Any:
@@ -78,7 +86,15 @@ def _value(field: Any) -> Any:
 def gguf_metadata(path: str | Path, reader: Any = None) -> dict[str, Any]:
     """Every metadata key of a GGUF file with its value (arrays as lists; tokenizer arrays included)."""
     reader = reader if reader is not None else _reader(path)
-    return {key: _value(field) for key, field in reader.fields.items() if not key.startswith("GGUF.")}
+    meta = {}
+    for key, field in reader.fields.items():
+        if key.startswith("GGUF."):
+            continue
+        try:
+            meta[key] = _value(field)
+        except Exception as err:  # a value cut short or of a kind the reader half-parsed
+            fail(key, "a readable GGUF metadata value", Raw(f"{type(err).__name__}: {err} (in {str(path)!r})"))
+    return meta
 
 
 def gguf_config(meta: dict[str, Any], tensor_shapes: dict[str, tuple[int, ...]]) -> dict[str, Any]:
@@ -96,34 +112,51 @@ def gguf_config(meta: dict[str, Any], tensor_shapes: dict[str, tuple[int, ...]])
             fail("path", f"a GGUF file with metadata {arch}.{key}", Raw("a file without it"))
         return meta[f"{arch}.{key}"]
 
-    hidden, heads = int(need("embedding_length")), int(need("attention.head_count"))
-    head_dim = int(meta.get(f"{arch}.attention.key_length", hidden // heads))
-    rotary = int(meta.get(f"{arch}.rope.dimension_count", head_dim))
+    def size(key: str, default: Any = None) -> int:  # every size a positive integer, named by its key
+        return integer(f"{arch}.{key}", need(key) if default is None else meta.get(f"{arch}.{key}", default), min=1)
+
+    def number(key: str, default: float, **bounds: float) -> float:
+        return real(f"{arch}.{key}", meta.get(f"{arch}.{key}", default), **bounds)
+
+    hidden, heads = size("embedding_length"), size("attention.head_count")
+    kv_heads = size("attention.head_count_kv", heads)
+    if heads % kv_heads:
+        fail(f"{arch}.attention.head_count_kv", f"a divisor of {arch}.attention.head_count={heads}", kv_heads)
+    if f"{arch}.attention.key_length" not in meta and hidden % heads:
+        fail(f"{arch}.attention.head_count", f"a divisor of {arch}.embedding_length={hidden} (or a key_length)",
+             heads)
+    head_dim = size("attention.key_length", hidden // heads)
+    rotary = size("rope.dimension_count", head_dim)
     if rotary != head_dim:
         fail(f"{arch}.rope.dimension_count", f"head_dim={head_dim} (full rotary, as {arch})", rotary)
+    if head_dim % 2:
+        fail(f"{arch}.attention.key_length", "an even head_dim (RoPE rotates pairs)", head_dim)
+    if "token_embd.weight" not in tensor_shapes or len(tensor_shapes["token_embd.weight"]) != 2:
+        fail("token_embd.weight", "a 2-D tensor [hidden, vocab] in the file", tensor_shapes.get("token_embd.weight"))
     cfg: dict[str, Any] = {
         "model_type": ARCHITECTURES[arch][0],
-        "vocab_size": int(tensor_shapes["token_embd.weight"][-1]),
-        "hidden_size": hidden, "intermediate_size": int(need("feed_forward_length")),
-        "num_hidden_layers": int(need("block_count")), "num_attention_heads": heads,
-        "num_key_value_heads": int(meta.get(f"{arch}.attention.head_count_kv", heads)), "head_dim": head_dim,
-        "max_position_embeddings": int(need("context_length")),
-        "rms_norm_eps": float(meta.get(f"{arch}.attention.layer_norm_rms_epsilon", 1e-6)),
-        "rope_theta": float(meta.get(f"{arch}.rope.freq_base", 10000.0)),
+        "vocab_size": integer("token_embd.weight", tensor_shapes["token_embd.weight"][-1], min=1,
+                              what="a vocabulary of at least one row"),
+        "hidden_size": hidden, "intermediate_size": size("feed_forward_length"),
+        "num_hidden_layers": size("block_count"), "num_attention_heads": heads,
+        "num_key_value_heads": kv_heads, "head_dim": head_dim,
+        "max_position_embeddings": size("context_length"),
+        "rms_norm_eps": number("attention.layer_norm_rms_epsilon", 1e-6, ge=0.0, lt=1.0),
+        "rope_theta": number("rope.freq_base", 10000.0, gt=0.0),
         "tie_word_embeddings": "output.weight" not in tensor_shapes,
         "attention_bias": False, "hidden_act": "silu",
     }
     for key, name in (("bos_token_id", "bos"), ("eos_token_id", "eos"), ("pad_token_id", "padding")):
         if f"tokenizer.ggml.{name}_token_id" in meta:
-            cfg[key] = int(meta[f"tokenizer.ggml.{name}_token_id"])
+            cfg[key] = integer(f"tokenizer.ggml.{name}_token_id", meta[f"tokenizer.ggml.{name}_token_id"], min=0)
     kind = meta.get(f"{arch}.rope.scaling.type", "none")
     if kind in ("linear", "yarn"):
-        rule = {"rope_type": kind, "factor": float(need("rope.scaling.factor"))}
+        rule = {"rope_type": kind, "factor": real(f"{arch}.rope.scaling.factor", need("rope.scaling.factor"), gt=0.0)}
         if kind == "yarn":
-            rule["original_max_position_embeddings"] = int(need("rope.scaling.original_context_length"))
+            rule["original_max_position_embeddings"] = size("rope.scaling.original_context_length")
             for key in ("beta_fast", "beta_slow"):
                 if f"{arch}.rope.scaling.yarn_{key}" in meta:
-                    rule[key] = float(meta[f"{arch}.rope.scaling.yarn_{key}"])
+                    rule[key] = number(f"rope.scaling.yarn_{key}", 0.0, gt=0.0)
         cfg["rope_scaling"] = rule
     elif kind != "none":
         fail(f"{arch}.rope.scaling.type", "'none', 'linear' or 'yarn'", kind)
@@ -163,20 +196,34 @@ def read_gguf(path: str | Path, *, dtype: torch.dtype = torch.float32, undo_perm
     shapes = {t.name: tuple(int(n) for n in t.shape) for t in reader.tensors}
     cfg = gguf_config(meta, shapes)
     if rope_scaling is not None:
+        if not isinstance(rope_scaling, Mapping):
+            fail("rope_scaling", "None or a transformers-style dict such as {'rope_type': 'llama3', ...}", rope_scaling)
         cfg["rope_scaling"] = dict(rope_scaling)
     elif "rope_freqs.weight" in shapes:
         fail("rope_scaling", "a rule for this file's per-frequency factors (rope_freqs.weight, Llama-3 style), "
              "e.g. {'rope_type': 'llama3', ...} from the original config.json", None)
     permuted = ARCHITECTURES[meta["general.architecture"]][1] and undo_permutation
     heads = {"attn_q": cfg["num_attention_heads"], "attn_k": cfg["num_key_value_heads"]}
+    names = {t.name: _hf_name(t.name) for t in reader.tensors if t.name != "rope_freqs.weight"}  # unknown: refused
+    check_layers(cfg["num_hidden_layers"], names, f"{meta['general.architecture']}.block_count")  # before any read
+    for name, shape in shapes.items():  # the head split below needs rows = heads x head_dim, in whole pairs
+        part, kind = name.split(".")[-2:] if name.count(".") == 3 else (None, None)
+        rank = 2 if kind == "weight" else 1
+        if part in heads and (len(shape) != rank or shape[-1] != heads[part] * cfg["head_dim"]):
+            key = "attention.head_count" + ("_kv" if part == "attn_k" else "")
+            fail(name, f"{heads[part] * cfg['head_dim']} rows (the last ggml dimension: {key}={heads[part]} x "
+                 f"head_dim {cfg['head_dim']})", Raw(f"shape {list(shape)}"))
     state: dict[str, torch.Tensor] = {}
     for tensor in reader.tensors:
         if tensor.name == "rope_freqs.weight":
             continue  # replaced by the explicit rope_scaling rule
-        name = _hf_name(tensor.name)
-        values = dequantize(tensor.data, tensor.tensor_type)  # numpy float32; F32 tensors: a read-only view
-        values = torch.from_numpy(values if values.flags.writeable else values.copy())
-        values = values.reshape(tuple(reversed(shapes[tensor.name])))  # ggml [in, out] -> torch [out, in]
+        name = names[tensor.name]
+        try:
+            values = dequantize(tensor.data, tensor.tensor_type)  # numpy float32; F32 tensors: a read-only view
+            values = torch.from_numpy(values if values.flags.writeable else values.copy())
+            values = values.reshape(tuple(reversed(shapes[tensor.name])))  # ggml [in, out] -> torch [out, in]
+        except Exception as err:  # data cut short, or a size the quantization's blocks do not divide
+            fail(tensor.name, "tensor data matching its shape and type", Raw(f"{type(err).__name__}: {err}"))
         part = tensor.name.split(".")[-2]
         if permuted and part in heads:
             values = unpermute_rows(values, heads[part])

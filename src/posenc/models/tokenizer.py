@@ -50,6 +50,11 @@ class GGUFTokenizer:
         """Token ids of `text` (no BOS/EOS added; control tokens written in the text stay whole)."""
         if not isinstance(text, str):
             fail("text", "a str", type(text))
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as err:  # the backend would raise a bare TypeError
+            fail("text", "a str of Unicode scalar values (encodable as UTF-8)",
+                 Raw(f"a lone surrogate {text[err.start]!r} at index {err.start}"))
         return self.backend.encode(text, add_special_tokens=False).ids
 
     def decode(self, ids: Any) -> str:
@@ -61,6 +66,30 @@ class GGUFTokenizer:
 
     def __repr__(self) -> str:
         return f"GGUFTokenizer(vocab_size={self.vocab_size}, bos={self.bos_token_id}, eos={self.eos_token_id})"
+
+
+def _vocabulary(meta: dict[str, Any]) -> tuple[list[str], list[tuple[str, str]], list[int]]:
+    """The tokens, merges and token types of the file, checked: the BPE backend panics or mis-builds on less."""
+    tokens = meta.get("tokenizer.ggml.tokens")
+    if not isinstance(tokens, list) or not tokens or not all(isinstance(t, str) for t in tokens):
+        fail("tokenizer.ggml.tokens", "a non-empty array of strings", Raw(repr(tokens)[:80]))
+    if len(set(tokens)) != len(tokens):
+        fail("tokenizer.ggml.tokens", "distinct tokens (one id each)",
+             Raw(f"{len(tokens) - len(set(tokens))} repeated"))
+    raw = meta["tokenizer.ggml.merges"]
+    if not isinstance(raw, list) or not all(isinstance(m, str) and m.count(" ") >= 1 for m in raw):
+        fail("tokenizer.ggml.merges", "an array of strings 'left right'", Raw(repr(raw)[:80]))
+    merges = [tuple(m.split(" ", 1)) for m in raw]
+    known = set(tokens)
+    for i, (left, right) in enumerate(merges):
+        if left not in known or right not in known or left + right not in known:
+            fail("tokenizer.ggml.merges", "merges of tokens in the vocabulary into a token of it",
+                 Raw(f"merge {i} {left + ' ' + right!r}"))
+    types = meta.get("tokenizer.ggml.token_type") or []
+    if not isinstance(types, list) or (types and len(types) != len(tokens)) \
+            or not all(isinstance(t, int) and not isinstance(t, bool) for t in types):
+        fail("tokenizer.ggml.token_type", f"an array of {len(tokens)} integers (one per token)", Raw(repr(types)[:80]))
+    return tokens, merges, types
 
 
 def load_tokenizer(path: str | Path) -> GGUFTokenizer:
@@ -88,8 +117,7 @@ def load_tokenizer(path: str | Path) -> GGUFTokenizer:
     except ImportError:
         fail("path", "a GGUF tokenizer with the `tokenizers` package installed (it ships with transformers)",
              str(path))
-    tokens = meta["tokenizer.ggml.tokens"]
-    merges = [tuple(merge.split(" ", 1)) for merge in meta["tokenizer.ggml.merges"]]
+    tokens, merges, types = _vocabulary(meta)
     backend = Tokenizer(models.BPE(vocab={t: i for i, t in enumerate(tokens)}, merges=merges))
     split, digits = PRE_TOKENIZERS[pre]
     steps = [pre_tokenizers.Digits(individual_digits=True)] if digits else []
@@ -100,7 +128,6 @@ def load_tokenizer(path: str | Path) -> GGUFTokenizer:
                   pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)]
     backend.pre_tokenizer = pre_tokenizers.Sequence(steps)
     backend.decoder = decoders.ByteLevel()
-    types = meta.get("tokenizer.ggml.token_type") or []
     backend.add_special_tokens([AddedToken(t, special=True, normalized=False)
                                 for t, kind in zip(tokens, types) if kind == 3])  # 3: control
     return GGUFTokenizer(backend, meta)

@@ -28,7 +28,7 @@ def packed_positions(cu_seqlens: torch.Tensor, offsets: torch.Tensor | None = No
     Raises:
         PosencError: a cu_seqlens that is not 1-D, does not start at 0 or decreases; offsets of the wrong shape.
     """
-    check_int_positions("cu_seqlens", cu_seqlens)
+    cu_seqlens = check_int_positions("cu_seqlens", cu_seqlens)  # unsigned as int64: a decrease cannot wrap
     if cu_seqlens.ndim != 1 or cu_seqlens.numel() == 0 or int(cu_seqlens[0]) != 0:
         fail("cu_seqlens", "a 1-D tensor [n + 1] starting at 0", cu_seqlens)
     lengths = cu_seqlens[1:] - cu_seqlens[:-1]  # [n]
@@ -36,7 +36,7 @@ def packed_positions(cu_seqlens: torch.Tensor, offsets: torch.Tensor | None = No
         fail("cu_seqlens", "non-decreasing cumulative lengths", cu_seqlens.tolist())
     starts = cu_seqlens[:-1].long()
     if offsets is not None:
-        check_int_positions("offsets", offsets, allow_negative=True)
+        offsets = check_int_positions("offsets", offsets, allow_negative=True)
         if offsets.shape != lengths.shape:
             fail("offsets", f"shape [{lengths.numel()}] (one per sequence)", offsets)
         starts = starts - offsets.long()

@@ -12,7 +12,7 @@ import sys
 import time
 from typing import Any
 
-__all__ = ["add_parser", "run"]
+__all__ = ["add_parser", "run", "check_outputs"]
 
 DTYPES = {"float32": "float32", "fp32": "float32", "float64": "float64", "bfloat16": "bfloat16", "bf16": "bfloat16"}
 
@@ -40,6 +40,23 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     return p
 
 
+def check_outputs(args: argparse.Namespace) -> None:
+    """Refuse `--threads` below 1, an `--out` that is or sits under a file, a `--json` that is a folder or
+    sits under a file, before any work.
+
+    Raises:
+        PosencError: naming the option, what it must be and what is there.
+    """
+    from ..errors import integer
+    from ..outputs import writable_file, writable_folder
+
+    if args.threads is not None:
+        integer("--threads", args.threads, min=1, what="an integer >= 1")
+    writable_folder("--out", args.out)
+    if args.json:
+        writable_file("--json", args.json)
+
+
 def run(args: argparse.Namespace) -> int:
     import torch
 
@@ -49,15 +66,9 @@ def run(args: argparse.Namespace) -> int:
     from .report import render_selftest, render_table, write_report
     from .runner import Progress, build_subject, parse_checks, run_checks, self_test
 
-    if args.threads:
+    check_outputs(args)  # before minutes of checks, not after them
+    if args.threads is not None:
         torch.set_num_threads(args.threads)
-    from pathlib import Path
-
-    from ..errors import Raw, fail
-
-    out = Path(args.out)
-    if out.exists() and not out.is_dir():  # before minutes of checks, not after them
-        fail("--out", "a folder for the report", Raw(f"{out} is a file"))
     budget = BUDGETS["quick" if args.quick else "full" if args.full else "default"]
     names = parse_checks(args.checks)
     model = args.model or embedded_model_path()

@@ -5,7 +5,7 @@ self-test runs the clean engine through every row, then each faulty engine throu
 catch it, and reports both: a row that passes a broken engine is a defect of the row.
 
     >>> sorted(FAULTS)[:3]
-    ['bf16-angles', 'flat-mrope', 'off-by-one-decode']
+    ['bf16-angles', 'flat-mrope', 'nan-logits']
 """
 
 from __future__ import annotations
@@ -76,6 +76,27 @@ class ReusedRotatedKeys(Wrapped):
         return out
 
 
+class PositionsIgnored(Wrapped):
+    """Explicit position_ids dropped: the engine always derives its own (shifted copies run at 0..)."""
+
+    def forward(self, input_ids, *, attention_mask=None, cache=None, position_ids=None):
+        return self.inner.forward(input_ids, attention_mask=attention_mask, cache=cache)
+
+
+class NaNLogits(Wrapped):
+    """Every logit NaN: it compares False with every bound, so a row that tests `diff > tol` passes it."""
+
+    def forward(self, input_ids, **kwargs):
+        return torch.full_like(self.inner.forward(input_ids, **kwargs), float("nan"))
+
+
+class NarrowVocab(Wrapped):
+    """Only the first 10 columns of the vocabulary: narrow tensors compare equal with narrow tensors."""
+
+    def forward(self, input_ids, **kwargs):
+        return self.inner.forward(input_ids, **kwargs)[..., :10]
+
+
 def _low_precision(rope: Any) -> Any:
     """The same Rope, but positions, frequencies and angles in bfloat16 (the classic autocast bug)."""
     base_cls = type(rope)
@@ -113,7 +134,9 @@ def faulty_factory(name: str, factory: Callable[..., Any]) -> Callable[..., Any]
             wrapped.mrope_position_ids = flat_positions
             return wrapped
         return {"off-by-one-decode": OffByOneDecode, "padding-drift": PaddingDrift,
-                "reused-rotated-keys": ReusedRotatedKeys}.get(name, lambda e: e)(engine)
+                "reused-rotated-keys": ReusedRotatedKeys, "nan-logits": NaNLogits,
+                "positions-ignored": PositionsIgnored,
+                "narrow-vocab": NarrowVocab}.get(name, lambda e: e)(engine)
     make.__name__ = f"faulty_{name.replace('-', '_')}"
     return make
 
@@ -134,4 +157,7 @@ FAULTS = {f.name: f for f in (
     Fault("rule-ignored", "length-boundaries", "rope_scaling in the config but never applied"),
     Fault("short-context-damage", "short-context", "dynamic NTK implemented as linear (damages short context)"),
     Fault("flat-mrope", "multimodal", "M-RoPE coordinates flattened to 1-D token indices"),
+    Fault("positions-ignored", "relativity", "explicit position_ids ignored (positions always derived)"),
+    Fault("nan-logits", "relativity", "every logit NaN (passes any `diff > tol` test)"),
+    Fault("narrow-vocab", "prefill-decode", "logits cut to 10 columns of the vocabulary"),
 )}

@@ -12,6 +12,7 @@ import html
 import io
 import json
 import math
+import numbers
 from pathlib import Path
 from typing import Any
 
@@ -68,8 +69,32 @@ def render_selftest(table: list[dict[str, Any]]) -> str:
 
 
 def to_json(rows: list[Row], meta: dict[str, Any], selftest: list[dict[str, Any]] | None = None) -> dict[str, Any]:
-    return {"schema": "posenc.verify/1", "meta": meta, "passed": all(r.passed is not False for r in rows),
-            "rows": [r.to_json() for r in rows], "self_test": selftest}
+    """The report as plain JSON values: non-finite numbers become the strings "nan", "inf", "-inf"
+    (`float()` reads them back), anything else that is not JSON its `str`."""
+    return strict({"schema": "posenc.verify/1", "meta": meta, "passed": all(r.passed is not False for r in rows),
+                   "rows": [r.to_json() for r in rows], "self_test": selftest})
+
+
+def strict(value: Any) -> Any:
+    """`value` with every float that strict JSON refuses (NaN, +-Infinity) as a string, tuples as lists."""
+    if isinstance(value, bool) or value is None or isinstance(value, (int, str)):
+        return value
+    if isinstance(value, float):
+        return value if math.isfinite(value) else str(value)  # "nan", "inf", "-inf"
+    if isinstance(value, dict):
+        return {str(k): strict(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [strict(v) for v in value]
+    if isinstance(value, (set, frozenset)):
+        return [strict(v) for v in sorted(value, key=str)]
+    if isinstance(value, numbers.Real):  # NumPy and torch scalars
+        return strict(float(value))
+    return str(value)
+
+
+def dumps(data: Any) -> str:
+    """Strict JSON text (`allow_nan=False`: a non-finite number that slipped through raises, never writes NaN)."""
+    return json.dumps(strict(data), indent=1, allow_nan=False)
 
 
 def markdown(rows: list[Row], meta: dict[str, Any], selftest: list[dict[str, Any]] | None = None) -> str:
@@ -188,15 +213,9 @@ def html_page(rows: list[Row], meta: dict[str, Any], selftest: list[dict[str, An
     text = meta.get("text", {})
     parts.append(f"<p><small>Text: {e(str(text.get('source')))}, {e(str(text.get('chars', '-')))} chars, sha256 "
                  f"{e(str(text.get('sha256', '-')))}.</small></p>")
-    parts.append("<details><summary>raw JSON</summary><pre>" + e(json.dumps(to_json(rows, meta, selftest), indent=1,
-                                                                          default=_default)) + "</pre></details>")
+    parts.append("<details><summary>raw JSON</summary><pre>" + e(dumps(to_json(rows, meta, selftest)))
+                 + "</pre></details>")
     return "\n".join(parts) + "</body></html>\n"
-
-
-def _default(obj: Any) -> Any:
-    if isinstance(obj, float) and not math.isfinite(obj):
-        return str(obj)
-    return str(obj)
 
 
 def write_report(folder: str | Path, rows: list[Row], meta: dict[str, Any],
@@ -204,7 +223,7 @@ def write_report(folder: str | Path, rows: list[Row], meta: dict[str, Any],
     """Write report.md, report.html and report.json into `folder` (and the JSON to `json_file` too)."""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    data = json.dumps(to_json(rows, meta, selftest), indent=1, default=_default)
+    data = dumps(to_json(rows, meta, selftest))
     (folder / "report.json").write_text(data)
     (folder / "report.md").write_text(markdown(rows, meta, selftest))
     (folder / "report.html").write_text(html_page(rows, meta, selftest))

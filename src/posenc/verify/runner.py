@@ -100,7 +100,9 @@ def run_checks(subject: Subject, budget: Budget, names: Iterable[str], progress:
         try:
             with torch.no_grad():
                 row = CHECKS[name](subject, budget, advance)
-        except Exception as exc:  # a crashing engine fails its row, with the reason, and the run goes on
+        except BaseException as exc:  # a crashing engine fails its row, with the reason, and the run goes on
+            if isinstance(exc, (KeyboardInterrupt, SystemExit, GeneratorExit)):
+                raise  # the user's, not the engine's (a Rust extension's panic is a BaseException too)
             row = Row(name, False, {"error": f"{type(exc).__name__}: {exc}"[:300]},
                       explanation="the engine raised while this row ran")
         row.seconds = time.perf_counter() - start

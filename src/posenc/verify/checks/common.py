@@ -14,8 +14,10 @@ from typing import Any, Callable
 
 import torch
 
-__all__ = ["Row", "Subject", "Budget", "BUDGETS", "boundary_rules", "short_rules", "max_diff", "top1_agree",
-           "token_nll", "chunked_forward"]
+from .output import CheckedEngine, vocab_of
+
+__all__ = ["Row", "Subject", "Budget", "BUDGETS", "boundary_rules", "short_rules", "max_diff", "worst",
+           "within", "spread", "top1_agree", "token_nll", "chunked_forward"]
 
 
 @dataclass
@@ -123,11 +125,15 @@ class Subject:
             if len(self._engines) >= 2:
                 self._engines.pop(next(iter(self._engines)))
             start = time.perf_counter()
-            self._engines[key] = self.factory(self.model_path, rope_scaling, self.dtype)
+            self._engines[key] = self.checked(self.factory(self.model_path, rope_scaling, self.dtype))
             self.load_seconds += time.perf_counter() - start
         else:
             self._engines[key] = self._engines.pop(key)  # most recent last
         return self._engines[key]
+
+    def checked(self, engine: Any) -> CheckedEngine:
+        """`engine` with every logit it returns checked (`[b, t, vocab]`, floating, finite; see `check_logits`)."""
+        return CheckedEngine(engine, vocab_of(self.config))
 
     def text(self, n: int, offset: int = 0) -> torch.Tensor:
         """`[1, n]` token ids of the text starting at `offset` (wrapping around)."""
@@ -159,8 +165,28 @@ def short_rules(l0: int, theta: float, head_dim: int) -> dict[str, dict]:
 
 
 def max_diff(a: torch.Tensor, b: torch.Tensor) -> float:
-    """max |a - b| (float32 logits subtract exactly enough: the result is rounded once)."""
-    return float((a - b).abs().max())
+    """max |a - b| (float32 logits subtract exactly enough: the result is rounded once); NaN if any is NaN."""
+    return float((a - b).abs().max())  # torch's max propagates NaN
+
+
+def worst(values: Any) -> float:
+    """The largest of `values`, NaN when any is NaN (Python's `max` drops a NaN that is not first); 0.0 if empty."""
+    values = [float(v) for v in values]
+    if any(math.isnan(v) for v in values):
+        return math.nan
+    return max(values, default=0.0)
+
+
+def spread(logits: torch.Tensor) -> float:
+    """max |logits[:, j] - logits[:, 0]| over positions j of `[b, t, v]`: how much the logits depend on the
+    tokens. An engine returning the same logits for every input compares equal with itself in every
+    consistency row; its spread is 0."""
+    return max_diff(logits, logits[:, :1])
+
+
+def within(value: float, bound: float) -> bool:
+    """`value <= bound` for a finite value only: NaN and infinity never pass."""
+    return math.isfinite(value) and value <= bound
 
 
 def top1_agree(a: torch.Tensor, b: torch.Tensor) -> float:

@@ -8,18 +8,34 @@ off by one, or keys carrying the wrong rotation, move logits by 1e-2 to 1 and mo
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
 
-from .common import Budget, Row, Subject, boundary_rules, fmt, max_diff, top1_agree
+from .common import Budget, Row, Subject, boundary_rules, fmt, max_diff, spread, top1_agree, within, worst
 
-__all__ = ["relativity", "prefill_decode", "batch_padding", "LOGIT_TOL", "logit_tol"]
+__all__ = ["relativity", "prefill_decode", "batch_padding", "LOGIT_TOL", "logit_tol", "SPREAD_RATIO"]
 
 LOGIT_TOL = {torch.float64: 1e-9, torch.float32: 1e-4, torch.bfloat16: 0.25, torch.float16: 0.05}
 # float32 angle rounding: |error| <= p * 2**-24 rad at position p (posenc.rope.tables), which moves the
 # logits of a shifted copy by at most SENSITIVITY * p * 2**-24; SENSITIVITY bounds |d logit / d angle|.
 SENSITIVITY = 64.0
+# The compared logits must depend on the tokens: an engine returning the same logits for every input
+# agrees with itself everywhere. Real text moves the logits of SmolLM2 by 24 between positions, the
+# tests' random model by 8; SPREAD_RATIO x the tolerance (1e-3 in float32, 2.5 in bfloat16) is far below.
+SPREAD_RATIO = 10.0
+# ...and explicit positions must be honoured: the same tokens with a gap of GAP positions in the middle
+# change the later half's logits (their distances to the first half change) by >= HONOURED_RATIO x the
+# tolerance. An engine that ignores position_ids computes the shifted copies at 0.. and would pass.
+GAP, HONOURED_RATIO = 37, 100.0
+
+
+def informative_of(spreads: list[float], tol: float) -> tuple[float, bool, dict[str, str]]:
+    """`(smallest spread, it is >= SPREAD_RATIO * tol, the threshold)` over the row's reference forwards."""
+    s = min(spreads) if spreads and not any(math.isnan(v) for v in spreads) else math.nan
+    return s, within(SPREAD_RATIO * tol, s), {"logit_spread": f">= {fmt(SPREAD_RATIO * tol)} (the logits depend on "
+                                                                 "the tokens)"}
 
 
 def logit_tol(dtype: torch.dtype) -> float:
@@ -44,7 +60,7 @@ def relativity(subject: Subject, budget: Budget, progress: Any = None) -> Row:
     ids = subject.text(n, offset=1000)
     base = engine.forward(ids, position_ids=torch.arange(n)[None])  # [1, n, v]
     shifts = [s for s in budget.shifts if s + n <= subject.l0]
-    worst, ratio, agree, per_shift = 0.0, 0.0, 1.0, {}
+    diffs, ratios, agree, per_shift = [], [], 1.0, {}
     for s in shifts:
         tol = shift_tol(subject.dtype, s + n)
         full = engine.forward(ids, position_ids=(s + torch.arange(n))[None])
@@ -54,17 +70,24 @@ def relativity(subject: Subject, budget: Budget, progress: Any = None) -> Row:
         tail = engine.forward(ids[:, split:], cache=cache, position_ids=(s + torch.arange(split, n))[None])
         d_full, d_cached = max_diff(full, base), max_diff(tail, base[:, split:])
         per_shift[str(s)] = {"full": d_full, "cached": d_cached, "tolerance": tol}
-        worst = max(worst, d_full, d_cached)
-        ratio = max(ratio, d_full / tol, d_cached / tol)
+        diffs += [d_full, d_cached]
+        ratios += [d_full / tol, d_cached / tol]
         agree = min(agree, top1_agree(full, base), top1_agree(tail, base[:, split:]))
         if progress:
             progress()
-    passed = bool(shifts) and ratio <= 1.0
+    ratio = worst(ratios)  # NaN-aware: a NaN anywhere fails the row
+    varied, informs, needs = informative_of([spread(base)], logit_tol(subject.dtype))
+    half, gap = n // 2, min(GAP, max(subject.l0 - n, 1))
+    gapped = (torch.arange(n) + gap * (torch.arange(n) >= half))[None]  # 0..h-1, h+gap..n-1+gap
+    honoured = max_diff(engine.forward(ids, position_ids=gapped)[:, half:], base[:, half:])
+    needs["gap_effect"] = f">= {fmt(HONOURED_RATIO * logit_tol(subject.dtype))} (explicit positions honoured)"
+    passed = bool(shifts) and within(ratio, 1.0) and informs and within(HONOURED_RATIO * logit_tol(subject.dtype),
+                                                                         honoured)
     return Row("relativity", passed,
-               measured={"max_abs_logit_diff": worst, "worst_diff_over_tolerance": ratio, "top1_agreement": agree,
-                         "shifts": shifts},
+               measured={"max_abs_logit_diff": worst(diffs), "worst_diff_over_tolerance": ratio,
+                         "top1_agreement": agree, "logit_spread": varied, "gap_effect": honoured, "shifts": shifts},
                thresholds={"worst_diff_over_tolerance": "<= 1 (tolerance = "
-                            f"{fmt(logit_tol(subject.dtype))} + {SENSITIVITY:g} * (s + n) * 2^-24)"},
+                            f"{fmt(logit_tol(subject.dtype))} + {SENSITIVITY:g} * (s + n) * 2^-24)", **needs},
                explanation=f"{n} tokens at positions s..s+n-1 vs 0..n-1, full and cached: equal up to float32 "
                            "noise plus the float32 angle rounding that grows with the position",
                details={"per_shift": per_shift})
@@ -77,8 +100,10 @@ def rules_for_decode(subject: Subject, budget: Budget) -> dict[str, dict | None]
 
 @torch.no_grad()
 def _decode_vs_full(engine: Any, ids: torch.Tensor, prefill: int, per_step_full: bool, explicit: bool
-                    ) -> tuple[float, float, list[float]]:
-    """Prefill `prefill` tokens, decode the rest one by one; compare each step with a full forward."""
+                    ) -> tuple[float, float, list[float], float]:
+    """Prefill `prefill` tokens, decode the rest one by one; compare each step with a full forward.
+
+    Returns `(max diff, top-1 agreement, per-step diffs, spread of the full forward's logits)`."""
     n = ids.shape[1]
     cache = engine.new_cache(1, n)
     pos = (lambda a, b: torch.arange(a, b)[None]) if explicit else (lambda a, b: None)
@@ -93,13 +118,14 @@ def _decode_vs_full(engine: Any, ids: torch.Tensor, prefill: int, per_step_full:
         ref_prefill = full[:, :prefill]
     diffs = [max_diff(s, f) for s, f in zip(steps, fulls)]
     agree = top1_agree(torch.cat(steps, 1), torch.cat(fulls, 1))
-    return max([max_diff(first, ref_prefill), *diffs]), agree, diffs
+    varied = spread(torch.cat([ref_prefill, *fulls], 1))
+    return worst([max_diff(first, ref_prefill), *diffs]), agree, diffs, varied
 
 
 def prefill_decode(subject: Subject, budget: Budget, progress: Any = None) -> Row:
     """Cache vs full forward for the checkpoint's rule and every length rule (decode crosses the reduced L0)."""
     tol = logit_tol(subject.dtype)
-    per_rule, worst = {}, 0.0
+    per_rule, seen, spreads = {}, [], []
     for name, rule in rules_for_decode(subject, budget).items():
         engine = subject.engine(rule)
         steps = budget.decode_steps
@@ -111,18 +137,20 @@ def prefill_decode(subject: Subject, budget: Budget, progress: Any = None) -> Ro
         dynamic = rule is not None and rule.get("rope_type") == "dynamic"
         entry = {}
         for explicit in ((False, True) if rule is None else (False,)):
-            d, agree, diffs = _decode_vs_full(engine, ids, prefill, dynamic, explicit)
+            d, agree, diffs, varied = _decode_vs_full(engine, ids, prefill, dynamic, explicit)
+            spreads.append(varied)
             entry["explicit" if explicit else "derived"] = {"max_abs_logit_diff": d, "top1_agreement": agree,
                                                             "per_step": diffs, "first_position": prefill}
-            worst = max(worst, d)
+            seen.append(d)
         per_rule[name] = entry
         if progress:
             progress()
-    failed = sorted(k for k, v in per_rule.items() if any(e["max_abs_logit_diff"] > tol for e in v.values()))
-    return Row("prefill-decode", not failed,
-               measured={"max_abs_logit_diff": worst, "failed_rules": failed,
-                         **{f"{k}": max(e["max_abs_logit_diff"] for e in v.values()) for k, v in per_rule.items()}},
-               thresholds={"max_abs_logit_diff": f"<= {fmt(tol)} per rule"},
+    failed = sorted(k for k, v in per_rule.items() if not all(within(e["max_abs_logit_diff"], tol) for e in v.values()))
+    varied, informs, needs = informative_of(spreads, tol)
+    return Row("prefill-decode", not failed and informs,
+               measured={"max_abs_logit_diff": worst(seen), "failed_rules": failed, "logit_spread": varied,
+                         **{f"{k}": worst(e["max_abs_logit_diff"] for e in v.values()) for k, v in per_rule.items()}},
+               thresholds={"max_abs_logit_diff": f"<= {fmt(tol)} per rule", **needs},
                explanation="prefill then token-by-token decode (positions derived, and explicit) vs one full "
                            "forward over the same tokens; rules decode across their (reduced) L0",
                details={"per_rule": per_rule})
@@ -137,6 +165,7 @@ def batch_padding(subject: Subject, budget: Budget, progress: Any = None) -> Row
     lengths = [n, n - 5, n - 11]
     rows = [subject.text(m + decode, offset=300 * i) for i, m in enumerate(lengths)]  # each [1, m + decode]
     solo = [engine.forward(r) for r in rows]  # [1, m + decode, v]
+    varied, informs, needs = informative_of([spread(r) for r in solo], tol)
     b = len(rows)
     results: dict[str, float] = {}
     for side in ("left", "right"):
@@ -149,21 +178,21 @@ def batch_padding(subject: Subject, budget: Budget, progress: Any = None) -> Row
             pos = ((mask.cumsum(1) - 1).clamp(min=0)) if explicit else None  # [b, n] logical positions
             cache = engine.new_cache(b, n + decode)
             out = engine.forward(ids, attention_mask=mask, cache=cache, position_ids=pos)  # [b, n, v]
-            d = max(max_diff(out[i][mask[i].bool()], solo[i][0, :m]) for i, m in enumerate(lengths))
+            d = worst(max_diff(out[i][mask[i].bool()], solo[i][0, :m]) for i, m in enumerate(lengths))
             if side == "left":  # decode continues every row after its own last token
                 for j in range(decode):
                     step_ids = torch.stack([r[0, m + j] for r, m in zip(rows, lengths)])[:, None]  # [b, 1]
                     step_pos = torch.tensor(lengths)[:, None] + j if explicit else None
                     step = engine.forward(step_ids, attention_mask=torch.ones(b, 1, dtype=torch.long), cache=cache,
                                           position_ids=step_pos)
-                    d = max(d, max(max_diff(step[i, 0], solo[i][0, m + j]) for i, m in enumerate(lengths)))
+                    d = worst([d, *(max_diff(step[i, 0], solo[i][0, m + j]) for i, m in enumerate(lengths))])
             results[f"{side}_{'explicit' if explicit else 'derived'}"] = d
             if progress:
                 progress()
-    worst = max(results.values())
-    return Row("batch-padding", worst <= tol,
-               measured={"max_abs_logit_diff": worst, **results},
-               thresholds={"max_abs_logit_diff": f"<= {fmt(tol)}"},
+    largest = worst(results.values())
+    return Row("batch-padding", within(largest, tol) and informs,
+               measured={"max_abs_logit_diff": largest, "logit_spread": varied, **results},
+               thresholds={"max_abs_logit_diff": f"<= {fmt(tol)}", **needs},
                explanation=f"3 rows of {lengths} tokens padded to {n} (left: then {decode} decode steps) vs each "
                            "row alone; positions derived by the engine and given explicitly",
                details={"lengths": lengths})

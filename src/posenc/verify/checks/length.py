@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from .common import Budget, Row, Subject, boundary_rules, fmt, max_diff, short_rules, token_nll
+from .common import Budget, Row, Subject, boundary_rules, fmt, max_diff, short_rules, token_nll, within, worst
 from .consistency import logit_tol
 
 __all__ = ["length_boundaries", "short_context", "SHORT_BOUNDS", "APPLIED_RATIO", "JUMP_SIGMAS"]
@@ -61,7 +61,7 @@ def length_boundaries(subject: Subject, budget: Budget, progress: Any = None) ->
         if name == "dynamic":  # L0 tokens must use the plain table, before and after a longer sequence
             inside_after = max_diff(engine.forward(ids[:, :l0]), plain[:, :l0])
             effect = max_diff(out[:, l0:], plain[:, l0:])
-            applied = max(inside, inside_after) <= tol and effect >= APPLIED_RATIO * tol
+            applied = within(worst([inside, inside_after]), tol) and effect >= APPLIED_RATIO * tol
         else:
             inside_after, effect = None, max_diff(out, plain)
             applied = effect >= APPLIED_RATIO * tol
@@ -70,7 +70,7 @@ def length_boundaries(subject: Subject, budget: Budget, progress: Any = None) ->
         diff = (nll - plain_nll)[l0 - 1 - w:l0 - 1 + w]
         se = float(diff[:w].var() / w + diff[w:].var() / w) ** 0.5
         excess = jump - base_jump
-        ok_jump = abs(excess) <= JUMP_SIGMAS * max(se, 1e-12) or abs(excess) <= 1e-6
+        ok_jump = within(abs(excess), max(JUMP_SIGMAS * se, 1e-6)) if math.isfinite(se) else False
         per_rule[name] = {"applied": applied, "effect_max_abs_logit_diff": effect, "inside_l0_diff": inside,
                           "inside_l0_diff_after_long": inside_after,
                           "jump_excess_nats": excess, "jump_se": se, "no_jump": ok_jump,

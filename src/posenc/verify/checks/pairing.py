@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from .common import Budget, Row, Subject, fmt, max_diff, token_nll, top1_agree
+from .common import Budget, Row, Subject, fmt, max_diff, token_nll, top1_agree, within
 from .consistency import logit_tol
 
 __all__ = ["pairing", "LLAMACPP_TOP1", "LLAMACPP_NLL"]
@@ -34,24 +34,24 @@ def pairing(subject: Subject, budget: Budget, progress: Any = None) -> Row:
     thresholds = {}
     passed = True
     if subject.reference is not None:
-        ref = subject.reference(subject.model_path, None, subject.dtype).forward(ids)
+        ref = subject.checked(subject.reference(subject.model_path, None, subject.dtype)).forward(ids)
         tol = logit_tol(subject.dtype)
         d, agree = max_diff(ours, ref), top1_agree(ours, ref)
         measured.update(max_abs_logit_diff=d, top1_agreement=agree, reference_nll=float(token_nll(ref, ids).mean()))
         thresholds.update(max_abs_logit_diff=f"<= {fmt(tol)}", top1_agreement=">= 0.99")
-        passed = d <= tol and agree >= 0.99
+        passed = within(d, tol) and agree >= 0.99
         if progress:
             progress()
     llama = "skipped: llama-cpp-python not installed"
     if importlib.util.find_spec("llama_cpp") is not None and str(subject.model_path).endswith(".gguf"):
         from ..engines import llamacpp_engine
 
-        ref = llamacpp_engine(subject.model_path, None, torch.float32).forward(ids)
+        ref = subject.checked(llamacpp_engine(subject.model_path, None, torch.float32)).forward(ids)
         agree, d_nll = top1_agree(ours, ref), abs(float(token_nll(ref, ids).mean()) - nll)
         measured.update(llamacpp_top1_agreement=agree, llamacpp_max_abs_logit_diff=max_diff(ours, ref),
                         llamacpp_nll_diff=d_nll)
         thresholds.update(llamacpp_top1_agreement=f">= {LLAMACPP_TOP1}", llamacpp_nll_diff=f"<= {LLAMACPP_NLL}")
-        passed = passed and agree >= LLAMACPP_TOP1 and d_nll <= LLAMACPP_NLL
+        passed = passed and agree >= LLAMACPP_TOP1 and within(d_nll, LLAMACPP_NLL)
         llama = "run"
     measured["llama_cpp"] = llama
     if subject.reference is None and llama != "run":
