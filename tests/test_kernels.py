@@ -303,3 +303,38 @@ def test_offsets_past_two_to_the_31_elements_in_place_and_allocating():
     k_in = k.clone()
     rope.apply_(q, k_in, pos, impl="cpu")
     assert torch.equal(q.contiguous(), expected[0]) and torch.equal(k_in, expected[1])
+
+
+def test_rope_args_layout_matches_the_c_struct():
+    import ctypes
+
+    lib = cpu.require(torch.float32)
+    lib.posenc_args_size.restype = ctypes.c_int64
+    assert lib.posenc_args_size() == ctypes.sizeof(cpu.RopeArgs) == cpu._PACK.__self__.size
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16, torch.float64])
+@pytest.mark.parametrize("threads", [2, 3, 7])
+def test_threads_split_the_work_and_stay_bit_exact(dtype, threads):
+    # large enough for several threads (>= 512 KiB each); GQA (units of q and k differ in size), odd sizes,
+    # both memory orders and a batch of positions
+    if not cpu.available(dtype):
+        pytest.skip(f"no {dtype} kernel here")
+    rope = Rope(head_dim=72, rotary_dim=40)
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        for shape_q, shape_k, pos in [((2, 12, 301, 72), (2, 3, 301, 72), torch.arange(301) + 11),
+                                      ((3, 257, 9, 72), (3, 257, 3, 72), None)]:
+            bthd = pos is None
+            pos = torch.randint(0, 5000, (3, 257), generator=torch.Generator().manual_seed(1)) if bthd else pos
+            q, k = randn(*shape_q, dtype=dtype), randn(*shape_k, dtype=dtype, seed=1)
+            layout = "bthd" if bthd else "bhtd"
+            expected = rope.apply(q, k, pos, layout=layout, impl="reference")
+            got = rope.apply(q, k, pos, layout=layout, impl="cpu")
+            qi, ki = q.clone(), k.clone()
+            rope.apply_(qi, ki, pos, layout=layout, impl="cpu", table=rope.table(5000))
+            for g in (got, (qi, ki)):
+                assert torch.equal(g[0], expected[0]) and torch.equal(g[1], expected[1]), (dtype, threads, layout)
+    finally:
+        torch.set_num_threads(before)

@@ -171,3 +171,33 @@ def test_fused_append_into_a_cache_past_two_to_the_31_elements():
     k_rot = rope.rotate(k, positions, impl="reference")
     for row in range(3):
         same(k_cache[row, :, slots[row]], k_rot[row]), same(v_cache[row, :, slots[row]], v[row])
+
+
+@pytest.mark.parametrize("with_table", [False, True])
+def test_triton_in_place_on_a_tensor_saved_for_backward_raises(with_table):
+    rope = Rope(head_dim=32, rotary_dim=24)
+    table = rope.table(16, device=DEVICE) if with_table else None
+    w = torch.randn(32, 32, device=DEVICE).requires_grad_()
+    for which in ("q", "k"):
+        q, k = torch.randn(1, 2, 3, 32, device=DEVICE), torch.randn(1, 2, 3, 32, device=DEVICE)
+        y = (q if which == "q" else k) @ w  # autograd saved it
+        rope.apply_(q, k, torch.arange(3, device=DEVICE), impl="triton", table=table)
+        with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+            y.sum().backward()
+
+
+def test_triton_gradients_with_a_table_equal_the_reference():
+    # float64 gradcheck needs float64, which the Triton kernel does not take: the vector-Jacobian products
+    # must equal the reference's autograd (the same rotation by -theta, float32 under the interpreter)
+    rope = Rope(head_dim=32, pairing="interleaved")
+    table = rope.table(64, device=DEVICE)
+    pos = torch.tensor([[0, 9, 63], [5, 5, 1]], device=DEVICE)
+    grads = []
+    for impl in ("triton", "reference"):
+        q = torch.randn(2, 2, 3, 32, generator=torch.Generator().manual_seed(0)).to(DEVICE).requires_grad_()
+        k = torch.randn(2, 1, 3, 32, generator=torch.Generator().manual_seed(1)).to(DEVICE).requires_grad_()
+        qo, ko = rope.apply(q, k, pos, impl=impl, table=table)
+        (qo.pow(2).sum() + (ko * torch.arange(32.0, device=DEVICE)).sum()).backward()
+        grads.append((q.grad, k.grad))
+    for a, b in zip(*grads):
+        assert_close(a, b)

@@ -79,6 +79,13 @@ def providers(quick: bool) -> tuple[list[Provider], list[str]]:
         found += [Provider("ipex rotary op (out of place)", False, _ipex(rope, ipex, inplace=False), "split_half"),
                   Provider("ipex functional (in place = op + copy back)", True, _ipex(rope, ipex, inplace=True),
                            "split_half")]
+    try:
+        import vllm._custom_ops as vllm_ops  # registers torch.ops._C.rotary_embedding (vLLM's CPU build)
+    except Exception as exc:  # not installed, or an install whose extension does not load with this torch
+        notes.append(f"vllm rotary op: not importable ({type(exc).__name__}; it lives in its own environment: "
+                     "docs/performance.md)")
+    else:
+        found.append(Provider("vllm rotary op (in place)", True, _vllm(rope, vllm_ops), "split_half"))
     if not quick:
         found.append(Provider("posenc compiled", False, lambda q, k, pos, *_: lambda: rope.apply(q, k, pos, impl="compiled"),
                               "split_half"))
@@ -91,6 +98,26 @@ def _posenc(rope, inplace: bool):
         table = rope.table(int(pos.max()) + 1)
         fn = rope.apply_ if inplace else rope.apply
         return lambda: fn(q, k, pos, table=table)
+
+    return make
+
+
+def _vllm(rope, ops):
+    """vLLM's CPU rotary op, in place on `[tokens, heads * d]` (its layout; made untimed from `[b, h, t, d]`), with its
+    cos|sin cache `[max_pos, d]` in q's dtype (so bfloat16 results are rounded from bfloat16 tables)."""
+    def make(q, k, pos, *_):
+        b, hq, t, d = q.shape
+        q_v = q.transpose(1, 2).reshape(b * t, hq * d).clone()  # [b*t, hq*d]
+        k_v = k.transpose(1, 2).reshape(b * t, k.shape[1] * d).clone()  # [b*t, hk*d]
+        table = rope.table(int(pos.max()) + 1)
+        cache = torch.cat((table.cos, table.sin), -1).to(q.dtype)  # [max_pos, d]
+        positions = (pos if pos.ndim == 2 else pos.expand(b, t)).reshape(-1).contiguous()  # [b*t]
+
+        def run():
+            ops.rotary_embedding(positions, q_v, k_v, d, cache, True)  # is_neox: split-half pairs
+            return (q_v.view(b, t, hq, d).transpose(1, 2), k_v.view(b, t, -1, d).transpose(1, 2))
+
+        return run
 
     return make
 

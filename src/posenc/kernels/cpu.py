@@ -128,19 +128,19 @@ def rope(
     if rows.numel() == 0:  # no tokens or no batch rows: nothing to do (and no row to read)
         return 0
     b, hq, t, d = q.shape
-    qs = q.stride()
-    qos = qs if q_out is q else q_out.stride()
+    qs, qp, qop = q.stride(), q.data_ptr(), q_out.data_ptr()
+    qos = qs if qop == qp else q_out.stride()
     if k is None:
         k_ptr = k_out_ptr = hk = 0
         ks = kos = qs
     else:
-        ks = k.stride()
-        kos = ks if k_out is k else k_out.stride()
-        k_ptr, k_out_ptr, hk = k.data_ptr(), k_out.data_ptr(), k.shape[1]
-    args = _PACK(q.data_ptr(), q_out.data_ptr(), k_ptr, k_out_ptr, cos.data_ptr(), sin.data_ptr(), rows.data_ptr(),
+        ks, k_ptr, k_out_ptr, hk = k.stride(), k.data_ptr(), k_out.data_ptr(), k.shape[1]
+        kos = ks if k_out_ptr == k_ptr else k_out.stride()
+    fresh = qop != qp or k_out_ptr != k_ptr  # a fresh output: huge pages may be advised on it
+    args = _PACK(qp, qop, k_ptr, k_out_ptr, cos.data_ptr(), sin.data_ptr(), rows.data_ptr(),
                  b, hq, hk, t, d, *qs, *qos, *ks, *kos, cos.shape[0], cos.shape[1],
                  t if rows.ndim == 2 and rows.shape[0] > 1 else 0, DTYPES[q.dtype], PAIRING_CODES[pairing],
-                 torch.get_num_threads(), q_out is not q and os.environ.get("POSENC_HUGE_PAGES", "1") != "0")
+                 torch.get_num_threads(), fresh and os.environ.get("POSENC_HUGE_PAGES", "1") != "0")
     return lib.posenc_rope(args)
 
 
