@@ -17,7 +17,7 @@ from typing import Any, Callable, Mapping
 
 from ..errors import PosencError, Raw, fail
 from ..rope.spec import Rope
-from .conventions import (MISSING, MODEL_TYPES, NON_ROPE_MODEL_TYPES, Convention, config_int, config_to_dict,
+from .conventions import (MISSING, NON_ROPE_MODEL_TYPES, Convention, config_int, config_to_dict, convention,
                           layer_type_list, text_config)
 from .rope import build_rope, rope_type_of
 
@@ -34,10 +34,7 @@ def _text(config: Any) -> tuple[dict[str, Any], Convention]:
     if model_type in NON_ROPE_MODEL_TYPES:
         fail("config['model_type']", "a model that uses RoPE",
              Raw(f"{model_type!r}, which uses {NON_ROPE_MODEL_TYPES[model_type]}"))
-    if model_type not in MODEL_TYPES:
-        got = MISSING if model_type is None else model_type
-        fail("config['model_type']", f"one of the known RoPE model types {sorted(MODEL_TYPES)}", got)
-    conv = MODEL_TYPES[model_type]
+    conv = convention(cfg)
     if conv.alibi_key is not None and cfg.get(conv.alibi_key):
         fail(f"config['{conv.alibi_key}']", "false (this config uses ALiBi, not RoPE: see posenc.alibi_slopes)",
              cfg[conv.alibi_key])

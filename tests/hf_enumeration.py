@@ -1,0 +1,313 @@
+"""Test helper: every model type of the installed transformers whose modeling file defines a rotary class,
+compared with posenc (used by tests/test_hf_enumeration.py and benchmarks/hf_enumeration.py, which writes
+the summary in docs/hf.md).
+
+For each model type: its config class is built with its own defaults; the text rotary class of its modeling
+module (the `*RotaryEmbedding` whose `config` argument the config, or one of its sub-configs, is) is
+instantiated as the model does and called once per layer type; its cos/sin rows at POSITIONS are compared
+with `posenc.hf.rope_by_layer_type`, from the `PretrainedConfig` and from its `to_dict()` form. Outcomes:
+
+- "exact": every layer type's per-pair cos and sin (attention factor applied) equal transformers' within
+  TOL (bit-identical in practice; `bitwise` says so), and the inverse frequencies too where the class keeps them;
+- "refused": posenc raised `PosencError`; the reason is its message;
+- "differs": posenc built a Rope whose table is not transformers';
+- "crash": anything else raised in posenc (a bug); "no reference": transformers itself cannot build the
+  table from the defaults (the reason says why), or the model type's rotary class is a vision tower only.
+
+Nothing here comes from posenc except the call under test.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import os
+import re
+from dataclasses import dataclass
+
+import torch
+
+POSITIONS = (0, 7, 4095, 9000)
+TOL = 2e-6  # complex-polar tables (freqs_cis) round differently from cos/sin by ~1 ulp at 9000 rad
+_CLASS = re.compile(r"^class (\w+RotaryEmbedding)\(", re.M)
+
+
+@dataclass(frozen=True)
+class Outcome:
+    model_type: str
+    outcome: str  # "exact", "refused", "differs", "crash", "no reference"
+    detail: str = ""
+    bitwise: bool = False
+    layer_types: tuple[str, ...] = ()
+
+
+def rotary_model_types() -> list[tuple[str, str]]:
+    """`(model_type, module name)` for every model type whose modeling file defines a `*RotaryEmbedding` class."""
+    import transformers
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES, model_type_to_module_name
+
+    root = os.path.join(os.path.dirname(transformers.__file__), "models")
+    out = []
+    for model_type in sorted(CONFIG_MAPPING_NAMES):
+        module = model_type_to_module_name(model_type)
+        path = os.path.join(root, module, f"modeling_{module}.py")
+        if os.path.exists(path) and _CLASS.search(open(path, encoding="utf-8").read()):
+            out.append((model_type, module))
+    return out
+
+
+def _sub_configs(config):
+    """The config and every nested config object, depth first."""
+    from transformers import PretrainedConfig
+
+    yield config
+    for name, value in sorted(vars(config).items()):
+        if isinstance(value, PretrainedConfig) and value is not config:
+            yield from _sub_configs(value)
+
+
+def text_rotary(module, config):
+    """`[(rotary class, the (sub-)config it takes)]` candidates for the language (or audio) model, best first.
+
+    Vision towers' classes (config annotated as a vision config) are left out: they take 2-D positions.
+    """
+    found = []
+    for name, cls in vars(module).items():
+        if not (name.endswith("RotaryEmbedding") and inspect.isclass(cls) and cls.__module__ == module.__name__):
+            continue
+        params = inspect.signature(cls.__init__).parameters
+        if "config" not in params or [p for p in params.values() if p.default is inspect.Parameter.empty][2:]:
+            continue  # (self, config) only
+        ann = params["config"].annotation
+        if "Vision" in getattr(ann, "__name__", str(ann)):
+            continue
+        subs = [s for s in _sub_configs(config) if inspect.isclass(ann) and isinstance(s, ann)]
+        subs = subs or list(_sub_configs(config))  # unannotated, or a sibling config class (encoder / decoder)
+        for sub in subs:  # a composite config's rotary class is given its text_config (Qwen2-VL)
+            text = vars(sub).get("text_config")
+            found.extend((cls, c) for c in ([text] if text is not None else []) + [sub])
+    return found
+
+
+def _pairs(table: torch.Tensor, rotary_dim: int) -> torch.Tensor | None:
+    """A transformers cos (or sin) table `[b, t, r]` or `[b, t, r/2]` as per-pair `[t, r/2]`; None if neither."""
+    table = table.reshape(-1, table.shape[-1]).double()
+    half = rotary_dim // 2
+    if table.shape[-1] == half:
+        return table
+    if table.shape[-1] != rotary_dim:
+        return None
+    if torch.equal(table[:, :half], table[:, half:]):
+        return table[:, :half]  # cat((freqs, freqs))
+    if torch.equal(table[:, 0::2], table[:, 1::2]):
+        return table[:, 0::2]  # repeat_interleave(2)
+    return None
+
+
+def _hf_tables(rotary, positions, layer_type):
+    x = torch.zeros(1, dtype=torch.float32)
+    pos = torch.tensor([positions])
+    fwd = inspect.signature(rotary.forward).parameters
+    kwargs = {"layer_type": layer_type} if layer_type is not None and "layer_type" in fwd else {}
+    with torch.no_grad():
+        try:
+            out = rotary(x, pos, **kwargs)
+        except (RuntimeError, IndexError, ValueError, TypeError):
+            out = rotary(x, pos[None].expand(3, 1, -1), **kwargs)  # multi-axis rotary: [3, b, t]
+    if torch.is_tensor(out) and out.is_complex():
+        return out.real, out.imag  # freqs_cis (DeepSeek-V2)
+    first, second = out[0], out[1]
+    if positions[0] == 0 and not first.reshape(-1, first.shape[-1])[0].any():
+        return second, first  # (sin, cos) order (GPT-J): at position 0 sin is 0, cos is not
+    return first, second
+
+
+def _hf_rotate(module, rotary, positions, layer_type, q, k):
+    """transformers' rotation of q, k `[1, h, t, d]` with the module's own apply function; None if it has none
+    this helper can call (a different signature)."""
+    fwd = inspect.signature(rotary.forward).parameters
+    kwargs = {"layer_type": layer_type} if layer_type is not None and "layer_type" in fwd else {}
+    pos = torch.tensor([positions])
+    with torch.no_grad():
+        try:
+            out = rotary(q, pos, **kwargs)
+        except (RuntimeError, IndexError, ValueError, TypeError):
+            out = rotary(q, pos[None].expand(3, 1, -1), **kwargs)
+        if torch.is_tensor(out) and out.is_complex():
+            apply = getattr(module, "apply_rotary_emb", None)
+            return None if apply is None else apply(q, k, out)
+        apply = getattr(module, "apply_rotary_pos_emb", None)
+        if apply is None or len([p for p in inspect.signature(apply).parameters.values()
+                                 if p.default is inspect.Parameter.empty]) != 4:
+            return None
+        cos, sin = out[0], out[1]
+        if positions[0] == 0 and not cos.reshape(-1, cos.shape[-1])[0].any():
+            return None  # GPT-J's (sin, cos) apply takes [b, t, h, d]: covered by tests/test_hf_parity.py
+        try:
+            return apply(q, k, cos, sin)
+        except RuntimeError:  # the attention layer slices the rotary part off (partial rotary)
+            r = cos.shape[-1]
+            q_rot, k_rot = apply(q[..., :r], k[..., :r], cos, sin)
+            return torch.cat((q_rot, q[..., r:]), -1), torch.cat((k_rot, k[..., r:]), -1)
+
+
+def _hf_inv_freq(rotary, layer_type):
+    for name in (f"{layer_type}_inv_freq", "inv_freq"):
+        value = getattr(rotary, name, None)
+        if torch.is_tensor(value):
+            return value
+    return None
+
+
+def _compare(rope, module, rotary, positions, layer_type) -> tuple[str, bool]:
+    """'' when posenc's rope matches transformers' table for this layer type, else what differs; and bitwise."""
+    cos_hf, sin_hf = _hf_tables(rotary, positions, layer_type)
+    pos = torch.tensor(positions)
+    if rope.mrope_section is not None:
+        pos = pos[None, None].expand(3, 1, -1)
+    cos, sin = rope.cos_sin(pos)
+    cos, sin = cos.reshape(-1, cos.shape[-1]).double(), sin.reshape(-1, sin.shape[-1]).double()
+    c, s = _pairs(cos_hf, rope.rotary_dim), _pairs(sin_hf, rope.rotary_dim)
+    if c is None or s is None:
+        return f"{layer_type}: transformers' table has {cos_hf.shape[-1]} channels, posenc rotary_dim {rope.rotary_dim}", False
+    err = max((c - cos).abs().max().item(), (s - sin).abs().max().item())
+    if err > TOL:
+        return f"{layer_type}: cos/sin differ by {err:.3g}", False
+    bitwise = torch.equal(c, cos) and torch.equal(s, sin)
+    gen = torch.Generator().manual_seed(0)
+    q = torch.randn(1, 2, len(positions), rope.head_dim, generator=gen)
+    k = torch.randn(1, 1, len(positions), rope.head_dim, generator=gen)
+    try:
+        theirs = _hf_rotate(module, rotary, positions, layer_type, q, k)
+    except RuntimeError as e:
+        return f"{layer_type}: transformers' apply function fails on head_dim {rope.head_dim}: {e}", False
+    if theirs is not None:
+        ours = rope.apply(q, k, pos)  # [t], or [3, 1, t] for multi-axis RoPE
+        err = max((a - b).abs().max().item() for a, b in zip(theirs, ours))
+        if err > 1e-4:
+            return f"{layer_type}: the rotation differs by {err:.3g} (pairing)", False
+    inv = _hf_inv_freq(rotary, layer_type)
+    if inv is not None and inv.numel() == rope.rotary_dim // 2:
+        ours = rope.inv_freq(max(positions) + 1)[0]
+        if not torch.allclose(inv.float(), ours, rtol=1e-6, atol=0):
+            return f"{layer_type}: inverse frequencies differ by {(inv.float() - ours).abs().max().item():.3g}", False
+    return "", bitwise
+
+
+def _positions(rotary, sub) -> tuple[int, ...]:
+    """POSITIONS, or those inside the table of a class with a fixed-length table (GPT-J); checks the call runs."""
+    layer_type = next(iter(getattr(sub, "layer_types", None) or [None]))
+    try:
+        _hf_tables(rotary, POSITIONS, layer_type)
+        return POSITIONS
+    except IndexError:
+        limit = sub.max_position_embeddings
+        _hf_tables(rotary, tuple(p for p in POSITIONS if p < limit), layer_type)
+        return tuple(p for p in POSITIONS if p < limit)
+
+
+def check(model_type: str, module_name: str) -> Outcome:
+    """The outcome of one model type (see the module docstring)."""
+    from transformers import AutoConfig
+
+    import posenc.hf
+    from posenc import PosencError
+
+    try:
+        module = importlib.import_module(f"transformers.models.{module_name}.modeling_{module_name}")
+        config = AutoConfig.for_model(model_type)
+    except Exception as e:  # noqa: BLE001 - transformers' own failure is a result, not ours
+        return Outcome(model_type, "no reference", f"transformers: {type(e).__name__}: {str(e)[:120]}")
+    rotary, why = None, "only vision rotary classes for this config (2-D positions)"
+    for cls, sub in text_rotary(module, config):
+        try:
+            rotary = cls(sub)
+            positions = _positions(rotary, sub)
+            break
+        except Exception as e:  # noqa: BLE001 - transformers' own failure is a result, not ours
+            rotary = None
+            why = f"transformers: {cls.__name__}: {type(e).__name__}: {str(e)[:120]}"
+    if rotary is None:
+        return Outcome(model_type, "no reference", why)
+    types = tuple(dict.fromkeys(getattr(sub, "layer_types", None) or ())) or (None,)
+    bitwise = True
+    for form in (config, config.to_dict()):
+        try:
+            ropes = posenc.hf.rope_by_layer_type(form)
+        except PosencError as e:
+            return Outcome(model_type, "refused", str(e), layer_types=types)
+        except Exception as e:  # noqa: BLE001 - posenc must never crash on a config transformers builds
+            return Outcome(model_type, "crash", f"{type(e).__name__}: {e}", layer_types=types)
+        for layer_type in types:
+            rope = ropes.get(layer_type, ropes.get(None))
+            if rope is None:
+                continue  # posenc says this layer type applies no RoPE (checked by the NoPE tests)
+            try:
+                why, same = _compare(rope, module, rotary, positions, layer_type)
+            except Exception as e:  # noqa: BLE001
+                return Outcome(model_type, "crash", f"comparing {layer_type}: {type(e).__name__}: {e}", layer_types=types)
+            if why:
+                return Outcome(model_type, "differs", why, layer_types=types)
+            bitwise &= same
+    return Outcome(model_type, "exact", bitwise=bitwise, layer_types=types)
+
+
+def enumerate_all() -> list[Outcome]:
+    from transformers.utils import logging
+
+    logging.set_verbosity_error()
+    return [check(model_type, module) for model_type, module in rotary_model_types()]
+
+
+BEGIN, END = "<!-- enumeration:begin -->", "<!-- enumeration:end -->"
+
+
+def summary(outcomes: list[Outcome]) -> str:
+    """The markdown block docs/hf.md carries between BEGIN and END (regenerate: python3 tests/hf_enumeration.py)."""
+    import transformers
+
+    ref = [o for o in outcomes if o.outcome != "no reference"]
+    counts = {k: sum(o.outcome == k for o in ref) for k in ("exact", "refused", "differs", "crash")}
+    lines = [BEGIN, "",
+             f"transformers {transformers.__version__}: {len(outcomes)} model types whose modeling file defines a "
+             f"`*RotaryEmbedding` class; {len(ref)} of them build a text (or audio) rotary table from their config "
+             f"class's defaults. Of those: **{counts['exact']} exact** ({100 * counts['exact'] / max(len(ref), 1):.1f} %), "
+             f"{counts['refused']} refused, {counts['differs']} differ, {counts['crash']} crash "
+             f"({sum(o.bitwise for o in ref)} bit-identical). Positions {list(POSITIONS)}, every layer type, "
+             "from the `PretrainedConfig` and from its `to_dict()`.", "",
+             "| model type | outcome | layer types | detail |", "|---|---|---|---|"]
+    for o in outcomes:
+        detail = o.detail.replace("|", "\\|").replace("\n", " ")
+        if len(detail) > 160:
+            detail = detail[:157] + "..."
+        types = ", ".join(t for t in o.layer_types if t is not None)
+        mark = o.outcome + (" (bitwise)" if o.bitwise else "")
+        lines.append(f"| `{o.model_type}` | {mark} | {types} | {detail} |")
+    lines += ["", END]
+    return "\n".join(lines)
+
+
+def parse_summary(text: str) -> dict[str, str]:
+    """`{model_type: outcome}` from a summary block (the outcome word, without "(bitwise)")."""
+    block = text[text.index(BEGIN):text.index(END)]
+    out = {}
+    for line in block.splitlines():
+        m = re.match(r"\| `([^`]+)` \| ([a-z ]+?)(?: \(bitwise\))? \|", line)
+        if m:
+            out[m.group(1)] = m.group(2)
+    return out
+
+
+if __name__ == "__main__":
+    import sys
+    from pathlib import Path
+
+    doc = Path(__file__).resolve().parent.parent / "docs" / "hf.md"
+    text = doc.read_text()
+    block = summary(enumerate_all())
+    if BEGIN in text:
+        text = text[:text.index(BEGIN)] + block + text[text.index(END) + len(END):]
+    else:
+        text = text.rstrip() + "\n\n## Every rotary model type of the pinned transformers\n\n" + block + "\n"
+    doc.write_text(text)
+    print(block.splitlines()[2], file=sys.stderr)
