@@ -79,13 +79,15 @@ def text_rotary(module, config):
         if "config" not in params or [p for p in params.values() if p.default is inspect.Parameter.empty][2:]:
             continue  # (self, config) only
         ann = params["config"].annotation
-        if "Vision" in getattr(ann, "__name__", str(ann)):
-            continue
+        if "Vision" in getattr(ann, "__name__", str(ann)) or "position_ids" not in inspect.signature(cls.forward).parameters:
+            continue  # a vision tower's, or one that rotates q and k itself (ESM: forward(q, k))
         subs = [s for s in _sub_configs(config) if inspect.isclass(ann) and isinstance(s, ann)]
         subs = subs or list(_sub_configs(config))  # unannotated, or a sibling config class (encoder / decoder)
         for sub in subs:  # a composite config's rotary class is given its text_config (Qwen2-VL)
             text = vars(sub).get("text_config")
             found.extend((cls, c) for c in ([text] if text is not None else []) + [sub])
+    text = vars(config).get("text_config")
+    found.sort(key=lambda pair: 0 if pair[1] is text else 1 if pair[1] is config else 2)  # the language model first
     return found
 
 
@@ -135,8 +137,15 @@ def _hf_rotate(module, rotary, positions, layer_type, q, k):
             out = rotary(q, pos[None].expand(3, 1, -1), **kwargs)
         if torch.is_tensor(out) and out.is_complex():
             apply = getattr(module, "apply_rotary_emb", None)
-            return None if apply is None else apply(q, k, out)
+            if apply is None:
+                return None
+            try:
+                return apply(q, k, out)
+            except RuntimeError:  # Llama 4 takes [b, t, h, d]
+                return tuple(x.transpose(1, 2) for x in apply(q.transpose(1, 2), k.transpose(1, 2), out))
         apply = getattr(module, "apply_rotary_pos_emb", None)
+        if getattr(getattr(rotary, "config", None), "rope_interleave", False) and hasattr(module, "apply_rotary_pos_emb_interleave"):
+            apply = module.apply_rotary_pos_emb_interleave  # DeepSeek-V3: the attention picks it by the flag
         if apply is None or len([p for p in inspect.signature(apply).parameters.values()
                                  if p.default is inspect.Parameter.empty]) != 4:
             return None
@@ -206,8 +215,24 @@ def _positions(rotary, sub) -> tuple[int, ...]:
         return tuple(p for p in POSITIONS if p < limit)
 
 
-def check(model_type: str, module_name: str) -> Outcome:
-    """The outcome of one model type (see the module docstring)."""
+# The config classes whose defaults apply no RoPE anywhere, and the switch that turns it on (checked as well)
+ROPE_ON = {
+    "zamba2": {"use_mem_rope": True},
+    "granitemoehybrid": {"position_embedding_type": "rope", "layer_types": ["mamba", "attention"] * 2,
+                         "num_hidden_layers": 4},
+    "bamba": {"attn_layer_indices": [1], "num_hidden_layers": 4},
+}
+
+
+# Config classes whose defaults no model can be built from (hidden_size not a multiple of the heads, and no
+# head_dim: the attention layer itself fails), checked again with the head_dim of the published checkpoints
+SIZED = {"glm4_moe": {"head_dim": 128}, "qwen3_omni_moe_text": {"head_dim": 128},
+         "qwen3_omni_moe_thinker": {"text_config": {"head_dim": 128}},
+         "qwen3_omni_moe": {"thinker_config": {"text_config": {"head_dim": 128}}}}
+
+
+def check(model_type: str, module_name: str, overrides: dict | None = None) -> Outcome:
+    """The outcome of one model type (see the module docstring), its config built with `overrides`."""
     from transformers import AutoConfig
 
     import posenc.hf
@@ -215,11 +240,14 @@ def check(model_type: str, module_name: str) -> Outcome:
 
     try:
         module = importlib.import_module(f"transformers.models.{module_name}.modeling_{module_name}")
-        config = AutoConfig.for_model(model_type)
+        config = AutoConfig.for_model(model_type, **(overrides or {}))
     except Exception as e:  # noqa: BLE001 - transformers' own failure is a result, not ours
         return Outcome(model_type, "no reference", f"transformers: {type(e).__name__}: {str(e)[:120]}")
     rotary, why = None, "only vision rotary classes for this config (2-D positions)"
     for cls, sub in text_rotary(module, config):
+        if (getattr(sub, "rope_parameters", None) or {}).get("rope_type") == "axial":
+            why = "a vision tower's 2-D (axial) table"
+            continue
         try:
             rotary = cls(sub)
             positions = _positions(rotary, sub)
@@ -230,8 +258,11 @@ def check(model_type: str, module_name: str) -> Outcome:
     if rotary is None:
         return Outcome(model_type, "no reference", why)
     types = tuple(dict.fromkeys(getattr(sub, "layer_types", None) or ())) or (None,)
-    bitwise = True
-    for form in (config, config.to_dict()):
+    bitwise, compared = True, 0
+    # posenc reads the model's config (it finds the language model's text_config itself); a table that belongs to
+    # another sub-config (an audio encoder's) is compared with posenc reading that sub-config
+    top = config if sub is config or sub is vars(config).get("text_config") else sub
+    for form in (top, top.to_dict()):
         try:
             ropes = posenc.hf.rope_by_layer_type(form)
         except PosencError as e:
@@ -239,16 +270,24 @@ def check(model_type: str, module_name: str) -> Outcome:
         except Exception as e:  # noqa: BLE001 - posenc must never crash on a config transformers builds
             return Outcome(model_type, "crash", f"{type(e).__name__}: {e}", layer_types=types)
         for layer_type in types:
-            rope = ropes.get(layer_type, ropes.get(None))
-            if rope is None:
-                continue  # posenc says this layer type applies no RoPE (checked by the NoPE tests)
-            try:
-                why, same = _compare(rope, module, rotary, positions, layer_type)
-            except Exception as e:  # noqa: BLE001
-                return Outcome(model_type, "crash", f"comparing {layer_type}: {type(e).__name__}: {e}", layer_types=types)
-            if why:
-                return Outcome(model_type, "differs", why, layer_types=types)
-            bitwise &= same
+            if layer_type in ropes or None in ropes:
+                mine = [ropes.get(layer_type, ropes.get(None))]
+            else:  # transformers' one table; posenc names the layer types (Qwen3-MoE's full_attention)
+                mine = list(ropes.values())
+            for rope in mine:
+                if rope is None:
+                    continue  # posenc says this layer type applies no RoPE (checked by the NoPE tests)
+                try:
+                    why, same = _compare(rope, module, rotary, positions, layer_type)
+                except Exception as e:  # noqa: BLE001
+                    return Outcome(model_type, "crash", f"comparing {layer_type}: {type(e).__name__}: {e}", layer_types=types)
+                if why:
+                    return Outcome(model_type, "differs", why, layer_types=types)
+                bitwise &= same
+                compared += 1
+    if not compared:  # posenc says no layer rotates, where transformers builds a table: nothing was compared
+        return Outcome(model_type, "no rope", "posenc: no layer of this config applies RoPE (see the NoPE rules)",
+                       layer_types=types)
     return Outcome(model_type, "exact", bitwise=bitwise, layer_types=types)
 
 
@@ -256,7 +295,20 @@ def enumerate_all() -> list[Outcome]:
     from transformers.utils import logging
 
     logging.set_verbosity_error()
-    return [check(model_type, module) for model_type, module in rotary_model_types()]
+    out = []
+    for model_type, module in rotary_model_types():
+        outcome = check(model_type, module)
+        if outcome.outcome == "no rope" and model_type in ROPE_ON:  # and the same config with RoPE switched on
+            on = check(model_type, module, ROPE_ON[model_type])
+            outcome = Outcome(model_type, on.outcome, f"defaults: no RoPE layer (as posenc reads them); with "
+                              f"{sorted(ROPE_ON[model_type])} set: {on.outcome} {on.detail}".rstrip(), on.bitwise,
+                              on.layer_types)
+        elif outcome.outcome == "refused" and model_type in SIZED:
+            on = check(model_type, module, SIZED[model_type])
+            outcome = Outcome(model_type, on.outcome, f"defaults refused ({outcome.detail}); with "
+                              f"{SIZED[model_type]}: {on.outcome} {on.detail}".rstrip(), on.bitwise, on.layer_types)
+        out.append(outcome)
+    return out
 
 
 BEGIN, END = "<!-- enumeration:begin -->", "<!-- enumeration:end -->"
@@ -267,12 +319,12 @@ def summary(outcomes: list[Outcome]) -> str:
     import transformers
 
     ref = [o for o in outcomes if o.outcome != "no reference"]
-    counts = {k: sum(o.outcome == k for o in ref) for k in ("exact", "refused", "differs", "crash")}
+    counts = {k: sum(o.outcome == k for o in ref) for k in ("exact", "no rope", "refused", "differs", "crash")}
     lines = [BEGIN, "",
              f"transformers {transformers.__version__}: {len(outcomes)} model types whose modeling file defines a "
              f"`*RotaryEmbedding` class; {len(ref)} of them build a text (or audio) rotary table from their config "
              f"class's defaults. Of those: **{counts['exact']} exact** ({100 * counts['exact'] / max(len(ref), 1):.1f} %), "
-             f"{counts['refused']} refused, {counts['differs']} differ, {counts['crash']} crash "
+             f"{counts['no rope']} with no RoPE layer by posenc's reading, {counts['refused']} refused, {counts['differs']} differ, {counts['crash']} crash "
              f"({sum(o.bitwise for o in ref)} bit-identical). Positions {list(POSITIONS)}, every layer type, "
              "from the `PretrainedConfig` and from its `to_dict()`.", "",
              "| model type | outcome | layer types | detail |", "|---|---|---|---|"]

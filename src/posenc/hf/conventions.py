@@ -16,7 +16,7 @@ from typing import Any, Mapping
 from ..errors import Raw, fail, integer
 
 __all__ = ["Convention", "MODEL_TYPES", "NON_ROPE_MODEL_TYPES", "convention", "config_to_dict", "text_config",
-           "present_key", "config_int", "head_dim", "layer_type_list", "MISSING"]
+           "present_key", "config_int", "head_dim", "layer_type_list", "positional_layer", "GENERIC", "MISSING"]
 
 MISSING = Raw("nothing (key missing)")
 
@@ -46,12 +46,24 @@ class Convention:
     alibi_key: str | None = None  # a flag that replaces RoPE by ALiBi (Falcon's `alibi`)
     legacy_multi_query: bool = False  # Falcon: one KV head when multi_query (default), unless new_decoder_architecture
     nope: str | None = None  # which layers apply no RoPE: "full", "full_if_windowed" or "no_rope_layers"
+    rope_flag: tuple[str, Any] | None = None  # (key, value): no layer rotates unless config[key] == value
     default_params: tuple[tuple[str, Any], ...] = ()  # the config class's rope parameters when config.json has none
     qkv_bias: bool | str = "attention_bias"  # q/k/v projection bias: a constant or the config key that sets it
     o_bias: bool | str = "attention_bias"  # output projection bias: a constant or the config key
+    refused: str | None = None  # what posenc does not model about this family's rotation (it refuses the type)
+    reads_class: bool = False  # a dict's other facts (defaults, aliases) come from its config class when
+    # transformers is importable (posenc.hf.classes); False: this row states every default itself
 
 
 _LLAMA = Convention()
+# A model type outside the table: the standard keys of transformers 5.x (rope_parameters / rope_scaling,
+# rope_theta, head_dim or hidden_size / num_attention_heads, partial_rotary_factor, layer_types), split-half
+# pairs, and a default rope that honours partial_rotary_factor (as the rotary classes generated since 4.5x do).
+GENERIC = Convention(partial=1.0, reads_class=True)
+_INTERLEAVED = Convention(pairing="interleaved", partial=1.0, reads_class=True)
+# DeepSeek-style MLA (a config with qk_rope_head_dim): RoPE on the rope slice only; with rope_interleave the
+# attention de-interleaves that slice before a split-half rotation
+GENERIC_MLA = Convention(partial=1.0, rope_width=("qk_rope_head_dim", 64), reads_class=True)
 _GLM = Convention(pairing="interleaved", partial=0.5, head_dim=128)
 _QWEN2 = Convention(qkv_bias=True, o_bias=False, window_layers="from_max_window_layers")
 _QWEN_VL = Convention(default_theta=1_000_000.0, mrope=True, aliases=(("mrope", "default"),), qkv_bias=True,
@@ -92,6 +104,32 @@ MODEL_TYPES: dict[str, Convention] = {
     "glm4": _GLM,
     "deepseek_v2": Convention(pairing="interleaved", **_DEEPSEEK),
     "deepseek_v3": Convention(pairing="interleaved_to_split_half", **_DEEPSEEK),
+    # interleaved pairs (2i, 2i+1) on a split-half table, or an interleaved table; otherwise the generic facts
+    **dict.fromkeys(("blt", "blt_global_transformer", "blt_local_decoder", "blt_local_encoder", "blt_patcher",
+                     "ernie4_5", "ernie4_5_moe", "ernie4_5_vl_moe", "ernie4_5_vl_moe_text", "glm_ocr", "glm_ocr_text",
+                     "helium", "moonshine", "moonshine_streaming", "openai_privacy_filter", "pe_audio_encoder", "pe_audio_video_encoder",
+                     "pe_video_encoder"), _INTERLEAVED),
+    "codegen": Convention(pairing="interleaved", rotary_width=("rotary_dim", 64), fixed_table=True, rope_types=("default",),
+                          reads_class=True),
+    "cohere2_moe": Convention(pairing="interleaved", nope="full", layer_pattern=("sliding_window_pattern", 4),
+                              reads_class=True),
+    # Llama 4: complex multiplication on consecutive pairs; every no_rope_layers[i] == 0 layer is NoPE
+    **dict.fromkeys(("llama4", "llama4_text"), Convention(pairing="interleaved", default_theta=500000.0, head_dim=128,
+                                                           nope="no_rope_layers", reads_class=True)),
+    # Zamba 2: its shared attention rotates only with use_mem_rope (default false)
+    "zamba2": Convention(partial=1.0, head_dim_key="attention_head_dim", rope_flag=("use_mem_rope", True),
+                         reads_class=True),
+    # Granite 4 hybrids: the attention layers rotate only with position_embedding_type "rope" (default none)
+    "granitemoehybrid": Convention(partial=1.0, rope_flag=("position_embedding_type", "rope"), reads_class=True),  # its attention concatenates two widths
+    **dict.fromkeys(("hy_v4_vl", "hy_v4_vl_text"), Convention(pairing="interleaved", partial=1.0,
+                                                               rope_width=("qk_rope_head_dim", 64), reads_class=True)),
+    **dict.fromkeys(("ernie4_5_vl_moe", "ernie4_5_vl_moe_text"), Convention(refused=(
+        "3-D M-RoPE in its own layout (h and w frequencies interleaved, t last, pre-rotated inverse frequencies), "
+        "which posenc.rope.mrope does not model"))),
+    **dict.fromkeys(("mamba", "mamba2", "falcon_mamba", "rwkv", "xlstm"), Convention(
+        refused="no positional encoding at all (a recurrent / state-space model without attention layers)")),
+    "nanochat": Convention(refused="a rotation by -theta (its rotate_half is cat(x2, -x1)): attention scores see "
+                           "position n - m where every other RoPE model sees m - n"),
     "qwen2_vl": _QWEN_VL,
     "qwen2_vl_text": _QWEN_VL,
     "qwen2_5_vl": _QWEN_VL,
@@ -109,14 +147,32 @@ NON_ROPE_MODEL_TYPES = {
 
 
 def convention(cfg: Mapping[str, Any]) -> Convention:
-    """The table row of `cfg['model_type']` (Llama's for types outside the table)."""
-    return MODEL_TYPES.get(cfg.get("model_type"), _LLAMA)  # type: ignore[arg-type]
+    """The table row of `cfg['model_type']` (`GENERIC` for types outside the table)."""
+    row = MODEL_TYPES.get(cfg.get("model_type"))  # type: ignore[arg-type]
+    if row is not None:
+        return row
+    if cfg.get("qk_rope_head_dim") is not None:
+        return GENERIC_MLA
+    return GENERIC
+
+
+def positional_layer(layer_type: str | None) -> bool:
+    """Whether a layer type attends over positions at all: "linear_attention" (gated delta / recurrent state),
+    "mamba", "conv", "mlp", "recurrent", ... carry no positions; "hybrid" and every other "*attention" type do."""
+    if layer_type in ("hybrid", "hybrid_sliding"):  # Zamba 2 / ZAYA: a recurrent block with an attention layer
+        return True
+    return layer_type is None or (layer_type.endswith("attention") and layer_type != "linear_attention")
 
 
 def config_to_dict(config: Any) -> dict[str, Any]:
     """A plain dict from a config.json dict or a transformers `PretrainedConfig`."""
+    from .classes import with_aliases, with_class_defaults
+
     if isinstance(config, Mapping):
-        return _checked_type(dict(config))
+        cfg = _checked_type(dict(config))
+        if cfg.get("model_type") is None or cfg["model_type"] in NON_ROPE_MODEL_TYPES or not convention(cfg).reads_class:
+            return cfg
+        return _checked_type(with_class_defaults(cfg))
     to_dict = getattr(config, "to_dict", None)
     if config is None or not callable(to_dict):
         fail("config", "a config.json dict or a transformers PretrainedConfig", type(config))
@@ -124,7 +180,7 @@ def config_to_dict(config: Any) -> dict[str, Any]:
     for key in ("head_dim", "rope_parameters", "model_type"):  # properties to_dict() may not serialise
         if key not in out and getattr(config, key, None) is not None:
             out[key] = getattr(config, key)
-    return _checked_type(out)
+    return _checked_type(with_aliases(out, config))
 
 
 def _checked_type(cfg: dict[str, Any]) -> dict[str, Any]:
@@ -134,11 +190,24 @@ def _checked_type(cfg: dict[str, Any]) -> dict[str, Any]:
     return cfg
 
 
+_NESTED = ("text_config", "thinker_config", "decoder", "llm_config", "language_config", "encoder_config", "asr_config")
+
+
+def _nested_text(cfg: Mapping[str, Any]) -> Any:
+    """The sub-config holding the language model: `text_config`, or (omni / encoder-decoder / ASR composites
+    whose top level has no attention sizes) the first of `_NESTED` present."""
+    if cfg.get("text_config") is not None or cfg.get("num_attention_heads") is not None:
+        return cfg.get("text_config")
+    return next((cfg[k] for k in _NESTED[1:] if isinstance(cfg.get(k), Mapping) or hasattr(cfg.get(k), "to_dict")), None)
+
+
 def text_config(cfg: dict[str, Any]) -> dict[str, Any]:
-    """Vision-language configs keep the language model's facts in `text_config`."""
-    text = cfg.get("text_config")
+    """Vision-language configs keep the language model's facts in `text_config` (omni models one level deeper)."""
+    text = _nested_text(cfg)
     if not (isinstance(text, Mapping) or hasattr(text, "to_dict")):
         return cfg
+    if _nested_text(config_to_dict(text)) is not None:
+        text = text_config(config_to_dict(text))
     merged = config_to_dict(text)
     for key, value in cfg.items():
         if key != "text_config":
@@ -173,11 +242,17 @@ def head_dim(cfg: Mapping[str, Any]) -> int:
     conv = convention(cfg)
     key = conv.head_dim_key
     if key is not None:
-        alias = present_key(cfg, key, "d_kv")  # T5 names it d_kv
+        alias = present_key(cfg, key, "d_kv", "kv_channels")  # T5 names it d_kv, JetMoE kv_channels
         if cfg.get(alias) is not None:
             return config_int(cfg, alias)
         if key not in cfg and conv.head_dim is not None:
             return conv.head_dim
+        if key not in cfg and conv.reads_class:  # the config class's default, when transformers is importable
+            from .classes import with_class_defaults
+
+            filled = text_config(with_class_defaults(dict(cfg)))  # a composite's default sits in its text_config
+            if filled.get(key) is not None:
+                return config_int(filled, key)
     hidden_key = present_key(cfg, "hidden_size", "n_embd", "n_embed", "d_model")
     heads_key = present_key(cfg, "num_attention_heads", "n_head", "n_heads", "num_heads")
     hidden, heads = config_int(cfg, hidden_key), config_int(cfg, heads_key)
