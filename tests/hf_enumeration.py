@@ -168,6 +168,26 @@ def _hf_inv_freq(rotary, layer_type):
     return None
 
 
+AXES = ((0, 7, 8, 8, 9, 4095, 9000), (0, 7, 8, 9, 9, 4095, 9000), (0, 7, 8, 8, 10, 4100, 9001))
+
+
+def _compare_axes(rope, rotary, layer_type) -> str:
+    """'' when the [3, 1, t] tables agree (every axis differs somewhere in AXES), else what differs."""
+    pos = torch.tensor(AXES)[:, None]  # [3, 1, t]
+    fwd = inspect.signature(rotary.forward).parameters
+    kwargs = {"layer_type": layer_type} if layer_type is not None and "layer_type" in fwd else {}
+    with torch.no_grad():
+        cos_hf, sin_hf = rotary(torch.zeros(1), pos, **kwargs)[:2]
+    if cos_hf.ndim == 4:
+        return f"{layer_type}: transformers' rotary returns one table per axis {tuple(cos_hf.shape)} (sections applied later)"
+    cos, sin = rope.cos_sin(pos)
+    c, s = _pairs(cos_hf, rope.rotary_dim), _pairs(sin_hf, rope.rotary_dim)
+    if c is None or s is None:
+        return f"{layer_type}: transformers' 3-axis table has {cos_hf.shape[-1]} channels, posenc {rope.rotary_dim}"
+    err = max((c - cos.reshape(c.shape).double()).abs().max().item(), (s - sin.reshape(s.shape).double()).abs().max().item())
+    return f"{layer_type}: 3-axis (M-RoPE) cos/sin differ by {err:.3g}" if err > TOL else ""
+
+
 def _compare(rope, module, rotary, positions, layer_type) -> tuple[str, bool]:
     """'' when posenc's rope matches transformers' table for this layer type, else what differs; and bitwise."""
     cos_hf, sin_hf = _hf_tables(rotary, positions, layer_type)
@@ -183,6 +203,10 @@ def _compare(rope, module, rotary, positions, layer_type) -> tuple[str, bool]:
     if err > TOL:
         return f"{layer_type}: cos/sin differ by {err:.3g}", False
     bitwise = torch.equal(c, cos) and torch.equal(s, sin)
+    if rope.mrope_section is not None:  # three axes that differ (text, then an image's rows and columns)
+        why = _compare_axes(rope, rotary, layer_type)
+        if why:
+            return why, False
     gen = torch.Generator().manual_seed(0)
     q = torch.randn(1, 2, len(positions), rope.head_dim, generator=gen)
     k = torch.randn(1, 1, len(positions), rope.head_dim, generator=gen)

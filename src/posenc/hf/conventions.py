@@ -38,7 +38,9 @@ class Convention:
     original_max: int | None = None  # a class-level original_max_position_embeddings that wins over the rope dict
     rope_types: tuple[str, ...] | None = None  # the only rope types the config class accepts (None: all)
     aliases: tuple[tuple[str, str], ...] = ()  # legacy rope type names the config class renames
-    mrope: bool = False  # Qwen2-VL family: sectioned mrope over [3, b, t] positions (never interleaved)
+    mrope: bool = False  # multi-axis RoPE over [3, b, t] positions (mrope_section, else mrope_default)
+    mrope_default: tuple[int, ...] = (16, 24, 24)  # the modeling code's section when the config has none
+    mrope_interleaved: bool = False  # Qwen3-VL: frequency i follows axis i % 3 within the sections (else contiguous)
     local_theta: tuple[str | None, float] | None = None  # per-layer RoPE: (4.x key, default) of the sliding theta
     layer_pattern: tuple[str | None, int] | None = None  # (key, default) n: layer i is full iff (i + 1) % n == 0
     window_layers: str | None = None  # Qwen families: which layers slide once use_sliding_window is true, see
@@ -128,6 +130,18 @@ MODEL_TYPES: dict[str, Convention] = {
         "which posenc.rope.mrope does not model"))),
     **dict.fromkeys(("mamba", "mamba2", "falcon_mamba", "rwkv", "xlstm"), Convention(
         refused="no positional encoding at all (a recurrent / state-space model without attention layers)")),
+    # multi-axis RoPE of the VL families (the modeling file's default section when the config has none)
+    **dict.fromkeys(("qwen3_vl", "qwen3_vl_text", "qwen3_vl_moe", "qwen3_vl_moe_text", "qwen3_omni_moe",
+                     "qwen3_omni_moe_text", "qwen3_omni_moe_thinker", "cosmos3_edge", "cosmos3_edge_text"),
+                    Convention(partial=1.0, mrope=True, mrope_default=(24, 20, 20), mrope_interleaved=True,
+                               reads_class=True)),
+    **dict.fromkeys(("qwen3_5", "qwen3_5_text", "qwen3_5_moe", "qwen3_5_moe_text", "qwen4_exp", "qwen4_exp_text"),
+                    Convention(partial=1.0, mrope=True, mrope_default=(11, 11, 10), mrope_interleaved=True,
+                               reads_class=True)),
+    **dict.fromkeys(("glm4v", "glm4v_text", "glm4v_moe", "glm4v_moe_text", "glm_image", "glm_image_text"),
+                    Convention(partial=1.0, mrope=True, mrope_default=(8, 12, 12), reads_class=True)),
+    **dict.fromkeys(("paddleocr_vl", "paddleocr_vl_text", "qwen2_5_omni", "qwen2_5_omni_thinker",
+                     "qwen2_5_omni_text"), Convention(partial=1.0, mrope=True, reads_class=True)),
     "nanochat": Convention(refused="a rotation by -theta (its rotate_half is cat(x2, -x1)): attention scores see "
                            "position n - m where every other RoPE model sees m - n"),
     "qwen2_vl": _QWEN_VL,

@@ -190,13 +190,19 @@ def build_rope(cfg: dict[str, Any], conv: Convention, params: Mapping[str, Any],
     if conv.rope_width is not None and pairing == "split_half" and cfg.get("rope_interleave") is True:
         pairing = "interleaved_to_split_half"  # another MLA family with DeepSeek-V3's flag set
     section = None
-    if conv.mrope:  # sectioned; the Qwen2-VL family ignores mrope_interleaved (only Qwen3-VL interleaves)
-        section = params.get("mrope_section", cfg.get("mrope_section")) or [16, 24, 24]  # transformers' default
+    if conv.mrope:  # the family's layout; the Qwen2-VL family ignores mrope_interleaved (only Qwen3-VL interleaves)
+        section = params.get("mrope_section", cfg.get("mrope_section")) or list(conv.mrope_default)
         if not isinstance(section, (list, tuple)):
             fail(f"{where}['mrope_section']", "a list of 3 integers (t, h, w frequencies)", section)
+        if conv.mrope_interleaved and len(section) == 3 and all(isinstance(n, int) for n in section) \
+                and sum(section) < rotary // 2:
+            # interleaved: only s_h and s_w are read; every other frequency follows T (Qwen4-exp's default
+            # [11, 11, 10] on a 256-channel head)
+            section = [rotary // 2 - section[1] - section[2], section[1], section[2]]
     softmax = 1.0
     if conv.rope_width is not None and isinstance(scaling, sc.YaRN):  # DeepSeek's softmax mscale
         softmax = scaling.softmax_scale_factor()
     with prefix(where):  # head_dim, rotary_dim and base are checked above: what fails here is the dict's
         return Rope(head_dim=width, rotary_dim=rotary, base=base, scaling=scaling, pairing=pairing,
-                    mrope_section=None if section is None else tuple(section), softmax_scale_factor=softmax)
+                    mrope_section=None if section is None else tuple(section),
+                    mrope_interleaved=section is not None and conv.mrope_interleaved, softmax_scale_factor=softmax)
