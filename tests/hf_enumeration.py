@@ -39,6 +39,8 @@ class Outcome:
     detail: str = ""
     bitwise: bool = False
     layer_types: tuple[str, ...] = ()
+    overrides: tuple[tuple[str, object], ...] = ()  # what the config was built with beyond its defaults
+    sub_config: str = ""  # the sub-config whose table was compared, when not the model's (an audio encoder's)
 
 
 def rotary_model_types() -> list[tuple[str, str]]:
@@ -286,6 +288,7 @@ def check(model_type: str, module_name: str, overrides: dict | None = None) -> O
     # posenc reads the model's config (it finds the language model's text_config itself); a table that belongs to
     # another sub-config (an audio encoder's) is compared with posenc reading that sub-config
     top = config if sub is config or sub is vars(config).get("text_config") else sub
+    where = "" if top is config else type(sub).__name__
     for form in (top, top.to_dict()):
         try:
             ropes = posenc.hf.rope_by_layer_type(form)
@@ -312,7 +315,8 @@ def check(model_type: str, module_name: str, overrides: dict | None = None) -> O
     if not compared:  # posenc says no layer rotates, where transformers builds a table: nothing was compared
         return Outcome(model_type, "no rope", "posenc: no layer of this config applies RoPE (see the NoPE rules)",
                        layer_types=types)
-    return Outcome(model_type, "exact", bitwise=bitwise, layer_types=types)
+    return Outcome(model_type, "exact", bitwise=bitwise, layer_types=types, sub_config=where,
+                   overrides=tuple(sorted((overrides or {}).items())))
 
 
 def enumerate_all() -> list[Outcome]:
@@ -326,11 +330,12 @@ def enumerate_all() -> list[Outcome]:
             on = check(model_type, module, ROPE_ON[model_type])
             outcome = Outcome(model_type, on.outcome, f"defaults: no RoPE layer (as posenc reads them); with "
                               f"{sorted(ROPE_ON[model_type])} set: {on.outcome} {on.detail}".rstrip(), on.bitwise,
-                              on.layer_types)
+                              on.layer_types, on.overrides, on.sub_config)
         elif outcome.outcome == "refused" and model_type in SIZED:
             on = check(model_type, module, SIZED[model_type])
             outcome = Outcome(model_type, on.outcome, f"defaults refused ({outcome.detail}); with "
-                              f"{SIZED[model_type]}: {on.outcome} {on.detail}".rstrip(), on.bitwise, on.layer_types)
+                              f"{SIZED[model_type]}: {on.outcome} {on.detail}".rstrip(), on.bitwise, on.layer_types,
+                              on.overrides, on.sub_config)
         out.append(outcome)
     return out
 
@@ -357,6 +362,8 @@ def summary(outcomes: list[Outcome]) -> str:
         if len(detail) > 160:
             detail = detail[:157] + "..."
         types = ", ".join(t for t in o.layer_types if t is not None)
+        if o.sub_config:
+            detail = f"the table of its {o.sub_config}" + (f"; {detail}" if detail else "")
         mark = o.outcome + (" (bitwise)" if o.bitwise else "")
         lines.append(f"| `{o.model_type}` | {mark} | {types} | {detail} |")
     lines += ["", END]

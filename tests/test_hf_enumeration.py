@@ -41,6 +41,27 @@ def test_refusals_name_what_posenc_does_not_model(outcomes):
     assert not vague, vague
 
 
+# exact types whose model-level facts `posenc inspect` cannot state: the sizes it needs are not in the config
+NOT_INSPECTABLE = {"recurrent_gemma": "no max_position_embeddings (its attention is windowed, its length unbounded)"}
+
+
+def test_inspect_works_for_every_exact_model_type(outcomes):
+    from transformers import AutoConfig
+
+    from posenc.inspection import inspect_model
+
+    failed = []
+    for o in outcomes:
+        if o.outcome != "exact" or o.sub_config or o.model_type in NOT_INSPECTABLE:
+            continue
+        config = AutoConfig.for_model(o.model_type, **dict(o.overrides))
+        report = inspect_model(config, lengths=[4096], dtypes=("fp16",))
+        heads = [r["head_dim"] for r in report["rope"]]
+        if not report["rope"] or report["kv_cache"]["layers"] < 1 or not heads:
+            failed.append(o.model_type)
+    assert not failed, failed
+
+
 @pytest.mark.skipif(transformers.__version__ != PINNED, reason="the committed record is for the pinned transformers")
 def test_outcomes_match_the_committed_record(outcomes):
     record = parse_summary(DOC.read_text())
