@@ -204,8 +204,7 @@ def test_qwen2_vl_ignores_mrope_interleaved(model_type):
 
 
 # ------------------------------------------------------------------ head_dim, derived once
-# (glm_ocr is a composite whose class ignores top-level sizes: its text_config keeps its own defaults)
-WIDTH_TYPES = sorted(t for t, c in MODEL_TYPES.items() if c.rope_width is None and c.refused is None and t != "glm_ocr")
+WIDTH_TYPES = sorted(t for t, c in MODEL_TYPES.items() if c.rope_width is None and c.refused is None)
 FITS = {"gptj": {"rotary_dim": 8}, "codegen": {"rotary_dim": 8}, "smollm3": {"num_hidden_layers": 3},
         "cohere2_moe": {"num_hidden_layers": 54}, "zamba2": {"num_hidden_layers": 54, "use_mem_rope": True},
         "granitemoehybrid": {"position_embedding_type": "rope", "mamba_n_heads": 2, "layer_types": ["mamba", "attention"] * 2}, "moonshine": {"hidden_size": 160},
@@ -221,6 +220,8 @@ def test_head_dim_as_the_config_class_derives_it(model_type):
     cfg = small(model_type, **{"hidden_size": 96, "num_attention_heads": 4, "num_key_value_heads": 2,
                                **FITS.get(model_type, {})})
     text = getattr(hf_config(cfg), "text_config", None) or hf_config(cfg)
+    if text.hidden_size != cfg["hidden_size"]:  # a composite class that keeps its text_config's own sizes for a
+        pytest.skip("flat dict (posenc reads a flat dict's sizes as the language model's)")
     want = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
     assert head_dim(cfg) == want
     assert kv_cache_facts(cfg).head_dim == want

@@ -68,7 +68,8 @@ _INTERLEAVED = Convention(pairing="interleaved", partial=1.0, reads_class=True)
 GENERIC_MLA = Convention(partial=1.0, rope_width=("qk_rope_head_dim", 64), reads_class=True)
 _GLM = Convention(pairing="interleaved", partial=0.5, head_dim=128)
 _QWEN2 = Convention(qkv_bias=True, o_bias=False, window_layers="from_max_window_layers")
-_QWEN_VL = Convention(default_theta=1_000_000.0, mrope=True, aliases=(("mrope", "default"),), qkv_bias=True,
+_MROPE_ALIAS = (("mrope", "default"),)  # the 4.x rope type name of M-RoPE, renamed by the VL config classes
+_QWEN_VL = Convention(default_theta=1_000_000.0, mrope=True, aliases=_MROPE_ALIAS, qkv_bias=True,
                       o_bias=False, window_layers="from_max_window_layers")
 _GEMMA3 = Convention(default_theta=1_000_000.0, head_dim=256, local_theta=("rope_local_base_freq", 10000.0),
                      layer_pattern=("sliding_window_pattern", 6))
@@ -133,15 +134,15 @@ MODEL_TYPES: dict[str, Convention] = {
     # multi-axis RoPE of the VL families (the modeling file's default section when the config has none)
     **dict.fromkeys(("qwen3_vl", "qwen3_vl_text", "qwen3_vl_moe", "qwen3_vl_moe_text", "qwen3_omni_moe",
                      "qwen3_omni_moe_text", "qwen3_omni_moe_thinker", "cosmos3_edge", "cosmos3_edge_text"),
-                    Convention(partial=1.0, mrope=True, mrope_default=(24, 20, 20), mrope_interleaved=True,
+                    Convention(partial=1.0, mrope=True, aliases=_MROPE_ALIAS, mrope_default=(24, 20, 20), mrope_interleaved=True,
                                reads_class=True)),
     **dict.fromkeys(("qwen3_5", "qwen3_5_text", "qwen3_5_moe", "qwen3_5_moe_text", "qwen4_exp", "qwen4_exp_text"),
-                    Convention(partial=1.0, mrope=True, mrope_default=(11, 11, 10), mrope_interleaved=True,
+                    Convention(partial=1.0, mrope=True, aliases=_MROPE_ALIAS, mrope_default=(11, 11, 10), mrope_interleaved=True,
                                reads_class=True)),
     **dict.fromkeys(("glm4v", "glm4v_text", "glm4v_moe", "glm4v_moe_text", "glm_image", "glm_image_text"),
-                    Convention(partial=1.0, mrope=True, mrope_default=(8, 12, 12), reads_class=True)),
+                    Convention(partial=1.0, mrope=True, aliases=_MROPE_ALIAS, mrope_default=(8, 12, 12), reads_class=True)),
     **dict.fromkeys(("paddleocr_vl", "paddleocr_vl_text", "qwen2_5_omni", "qwen2_5_omni_thinker",
-                     "qwen2_5_omni_text"), Convention(partial=1.0, mrope=True, reads_class=True)),
+                     "qwen2_5_omni_text"), Convention(partial=1.0, mrope=True, aliases=_MROPE_ALIAS, reads_class=True)),
     "nanochat": Convention(refused="a rotation by -theta (its rotate_half is cat(x2, -x1)): attention scores see "
                            "position n - m where every other RoPE model sees m - n"),
     "qwen2_vl": _QWEN_VL,
