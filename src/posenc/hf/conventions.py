@@ -133,8 +133,11 @@ MODEL_TYPES: dict[str, Convention] = {
         refused="no positional encoding at all (a recurrent / state-space model without attention layers)")),
     # multi-axis RoPE of the VL families (the modeling file's default section when the config has none)
     **dict.fromkeys(("qwen3_vl", "qwen3_vl_text", "qwen3_vl_moe", "qwen3_vl_moe_text", "qwen3_omni_moe",
-                     "qwen3_omni_moe_text", "qwen3_omni_moe_thinker", "cosmos3_edge", "cosmos3_edge_text"),
+                     "qwen3_omni_moe_text", "qwen3_omni_moe_thinker"),
                     Convention(partial=1.0, mrope=True, aliases=_MROPE_ALIAS, mrope_default=(24, 20, 20), mrope_interleaved=True,
+                               reads_class=True)),
+    **dict.fromkeys(("cosmos3_edge", "cosmos3_edge_text"),  # (its config class refuses the 4.x "mrope" name)
+                    Convention(partial=1.0, mrope=True, mrope_default=(24, 20, 20), mrope_interleaved=True,
                                reads_class=True)),
     **dict.fromkeys(("qwen3_5", "qwen3_5_text", "qwen3_5_moe", "qwen3_5_moe_text", "qwen4_exp", "qwen4_exp_text"),
                     Convention(partial=1.0, mrope=True, aliases=_MROPE_ALIAS, mrope_default=(11, 11, 10), mrope_interleaved=True,
