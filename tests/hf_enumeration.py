@@ -162,6 +162,14 @@ def _hf_rotate(module, rotary, positions, layer_type, q, k):
             return torch.cat((q_rot, q[..., r:]), -1), torch.cat((k_rot, k[..., r:]), -1)
 
 
+def _has_table(rotary, positions, layer_type) -> bool:
+    try:
+        _hf_tables(rotary, positions, layer_type)
+        return True
+    except KeyError:
+        return False
+
+
 def _hf_inv_freq(rotary, layer_type):
     for name in (f"{layer_type}_inv_freq", "inv_freq"):
         value = getattr(rotary, name, None)
@@ -230,15 +238,20 @@ def _compare(rope, module, rotary, positions, layer_type) -> tuple[str, bool]:
 
 
 def _positions(rotary, sub) -> tuple[int, ...]:
-    """POSITIONS, or those inside the table of a class with a fixed-length table (GPT-J); checks the call runs."""
-    layer_type = next(iter(getattr(sub, "layer_types", None) or [None]))
-    try:
-        _hf_tables(rotary, POSITIONS, layer_type)
-        return POSITIONS
-    except IndexError:
-        limit = sub.max_position_embeddings
-        _hf_tables(rotary, tuple(p for p in POSITIONS if p < limit), layer_type)
-        return tuple(p for p in POSITIONS if p < limit)
+    """POSITIONS, or those inside the table of a class with a fixed-length table (GPT-J); checks the call runs
+    (for the first layer type transformers has a table for: LFM3's "conv" layers have none)."""
+    error: Exception = RuntimeError("no layer type")
+    for layer_type in list(dict.fromkeys(getattr(sub, "layer_types", None) or [])) or [None]:
+        try:
+            _hf_tables(rotary, POSITIONS, layer_type)
+            return POSITIONS
+        except IndexError:
+            inside = tuple(p for p in POSITIONS if p < sub.max_position_embeddings)
+            _hf_tables(rotary, inside, layer_type)
+            return inside
+        except KeyError as e:
+            error = e
+    raise error
 
 
 # The config classes whose defaults apply no RoPE anywhere, and the switch that turns it on (checked as well)
@@ -304,6 +317,9 @@ def check(model_type: str, module_name: str, overrides: dict | None = None) -> O
             for rope in mine:
                 if rope is None:
                     continue  # posenc says this layer type applies no RoPE (checked by the NoPE tests)
+                if layer_type is not None and not _has_table(rotary, positions, layer_type):
+                    return Outcome(model_type, "differs", f"{layer_type}: posenc builds a Rope where transformers "
+                                   "has no table", layer_types=types)
                 try:
                     why, same = _compare(rope, module, rotary, positions, layer_type)
                 except Exception as e:  # noqa: BLE001
