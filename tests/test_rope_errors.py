@@ -44,8 +44,8 @@ CASES = [
     ("attention-factor", lambda: YaRN(4.0, 4096, attention_factor=0.0), r"^attention_factor: expected .*> 0, got 0\.0$"),
     ("truncate", lambda: YaRN(4.0, 4096, truncate="no"), r"^truncate: expected True or False, got 'no'$"),
     # --- Llama-3 bands
-    ("llama3-bands", lambda: Llama3(8.0, 4.0, 4.0, 8192),
-     r"^low_freq_factor: expected a value below high_freq_factor=4\.0, got 4\.0$"),
+    ("llama3-bands", lambda: Llama3(8.0, 5.0, 4.0, 8192),
+     r"^low_freq_factor: expected a value not above high_freq_factor=4\.0, got 5\.0$"),
     ("llama3-bands-reversed", lambda: Llama3(8.0, 4.0, 1.0, 8192), r"^low_freq_factor: expected .*=1\.0, got 4\.0$"),
     # --- LongRoPE lists
     ("longrope-lengths", lambda: LongRoPE((1.0,) * 4, (1.0,) * 3, 4096),

@@ -133,8 +133,9 @@ def length_label(tokens: int) -> str:
 def kv_bytes(facts: KVFacts, tokens: int, dtype: str) -> float:
     """KV-cache bytes for one request of `tokens` tokens in `dtype` ("fp16", "bf16", "fp8", "int4", "fp32")."""
     choice("dtype", dtype, tuple(DTYPE_BYTES))
-    cached = sum(tokens if w is None else min(tokens, w) for w in facts.windows)  # token-layers held
-    return cached * facts.elements * DTYPE_BYTES[dtype]
+    per_layer = facts.layer_elements or (facts.elements,) * len(facts.windows)
+    cached = sum((tokens if w is None else min(tokens, w)) * e for w, e in zip(facts.windows, per_layer))  # numbers held
+    return cached * DTYPE_BYTES[dtype]
 
 
 # ---------------------------------------------------------------------------------------------- RoPE facts
@@ -191,8 +192,9 @@ def rope_facts(rope: Rope, original: int, target: int) -> dict[str, Any]:
     """
     inv0, _ = sc.Default().inv_freq(rope.base, rope.rotary_dim)  # [r/2] the unscaled ladder
     inv1, factor = rope.inv_freq(target)  # [r/2] what the model uses at L1
-    wave0 = [2 * math.pi / float(f) for f in inv0.double()]
-    wave1 = [2 * math.pi / float(f) for f in inv1.double()]
+    # a pair with frequency 0 (p-RoPE's upper pairs) never turns: wavelength inf, 0 turns
+    wave0 = [2 * math.pi / float(f) if f > 0 else math.inf for f in inv0.double()]
+    wave1 = [2 * math.pi / float(f) if f > 0 else math.inf for f in inv1.double()]
     facts: dict[str, Any] = {
         "head_dim": rope.head_dim,
         "rotary_dim": rope.rotary_dim,

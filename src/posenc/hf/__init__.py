@@ -5,6 +5,8 @@
 - `posenc.hf.rope`: one rope-parameter dict -> `Rope`; the rope types `ROPE_TYPES`.
 - `posenc.hf.layers`: `rope_from_hf_config(cfg, layer_type=None)` (behind `posenc.Rope.from_hf_config`),
   `layer_ropes` (one Rope or None per layer) and `rope_by_layer_type`.
+- `posenc.hf.temperature`: `layer_temperatures` (Llama 4's NoPE layers, Ministral 3's query temperature).
+- `posenc.hf.classes`: a dict's defaults and aliases from its transformers config class (types outside the table).
 - `posenc.hf.facts`: the position scheme, declared lengths, KV-cache size per token, decoder sizes.
 """
 
@@ -22,6 +24,7 @@ from .facts import (
 )
 from .layers import layer_ropes, rope_by_layer_type, rope_from_hf_config
 from .rope import ROPE_TYPES
+from .temperature import layer_temperatures
 
 __all__ = [
     "rope_from_hf_config",
@@ -42,4 +45,5 @@ __all__ = [
     "decoder_sizes",
     "layer_types",
     "layer_windows",
+    "layer_temperatures",
 ]

@@ -16,7 +16,7 @@ from typing import Any, Mapping
 from ..errors import Raw, fail, integer
 
 __all__ = ["Convention", "MODEL_TYPES", "NON_ROPE_MODEL_TYPES", "convention", "config_to_dict", "text_config",
-           "present_key", "config_int", "head_dim", "layer_type_list", "MISSING"]
+           "present_key", "config_int", "head_dim", "layer_type_list", "positional_layer", "GENERIC", "MISSING"]
 
 MISSING = Raw("nothing (key missing)")
 
@@ -38,7 +38,9 @@ class Convention:
     original_max: int | None = None  # a class-level original_max_position_embeddings that wins over the rope dict
     rope_types: tuple[str, ...] | None = None  # the only rope types the config class accepts (None: all)
     aliases: tuple[tuple[str, str], ...] = ()  # legacy rope type names the config class renames
-    mrope: bool = False  # Qwen2-VL family: sectioned mrope over [3, b, t] positions (never interleaved)
+    mrope: bool = False  # multi-axis RoPE over [3, b, t] positions (mrope_section, else mrope_default)
+    mrope_default: tuple[int, ...] = (16, 24, 24)  # the modeling code's section when the config has none
+    mrope_interleaved: bool = False  # Qwen3-VL: frequency i follows axis i % 3 within the sections (else contiguous)
     local_theta: tuple[str | None, float] | None = None  # per-layer RoPE: (4.x key, default) of the sliding theta
     layer_pattern: tuple[str | None, int] | None = None  # (key, default) n: layer i is full iff (i + 1) % n == 0
     window_layers: str | None = None  # Qwen families: which layers slide once use_sliding_window is true, see
@@ -46,15 +48,28 @@ class Convention:
     alibi_key: str | None = None  # a flag that replaces RoPE by ALiBi (Falcon's `alibi`)
     legacy_multi_query: bool = False  # Falcon: one KV head when multi_query (default), unless new_decoder_architecture
     nope: str | None = None  # which layers apply no RoPE: "full", "full_if_windowed" or "no_rope_layers"
+    rope_flag: tuple[str, Any] | None = None  # (key, value): no layer rotates unless config[key] == value
     default_params: tuple[tuple[str, Any], ...] = ()  # the config class's rope parameters when config.json has none
     qkv_bias: bool | str = "attention_bias"  # q/k/v projection bias: a constant or the config key that sets it
     o_bias: bool | str = "attention_bias"  # output projection bias: a constant or the config key
+    refused: str | None = None  # what posenc does not model about this family's rotation (it refuses the type)
+    reads_class: bool = False  # a dict's other facts (defaults, aliases) come from its config class when
+    # transformers is importable (posenc.hf.classes); False: this row states every default itself
 
 
 _LLAMA = Convention()
+# A model type outside the table: the standard keys of transformers 5.x (rope_parameters / rope_scaling,
+# rope_theta, head_dim or hidden_size / num_attention_heads, partial_rotary_factor, layer_types), split-half
+# pairs, and a default rope that honours partial_rotary_factor (as the rotary classes generated since 4.5x do).
+GENERIC = Convention(partial=1.0, reads_class=True)
+_INTERLEAVED = Convention(pairing="interleaved", partial=1.0, reads_class=True)
+# DeepSeek-style MLA (a config with qk_rope_head_dim): RoPE on the rope slice only; with rope_interleave the
+# attention de-interleaves that slice before a split-half rotation
+GENERIC_MLA = Convention(partial=1.0, rope_width=("qk_rope_head_dim", 64), reads_class=True)
 _GLM = Convention(pairing="interleaved", partial=0.5, head_dim=128)
 _QWEN2 = Convention(qkv_bias=True, o_bias=False, window_layers="from_max_window_layers")
-_QWEN_VL = Convention(default_theta=1_000_000.0, mrope=True, aliases=(("mrope", "default"),), qkv_bias=True,
+_MROPE_ALIAS = (("mrope", "default"),)  # the 4.x rope type name of M-RoPE, renamed by the VL config classes
+_QWEN_VL = Convention(default_theta=1_000_000.0, mrope=True, aliases=_MROPE_ALIAS, qkv_bias=True,
                       o_bias=False, window_layers="from_max_window_layers")
 _GEMMA3 = Convention(default_theta=1_000_000.0, head_dim=256, local_theta=("rope_local_base_freq", 10000.0),
                      layer_pattern=("sliding_window_pattern", 6))
@@ -92,6 +107,47 @@ MODEL_TYPES: dict[str, Convention] = {
     "glm4": _GLM,
     "deepseek_v2": Convention(pairing="interleaved", **_DEEPSEEK),
     "deepseek_v3": Convention(pairing="interleaved_to_split_half", **_DEEPSEEK),
+    # interleaved pairs (2i, 2i+1) on a split-half table, or an interleaved table; otherwise the generic facts
+    **dict.fromkeys(("blt", "blt_global_transformer", "blt_local_decoder", "blt_local_encoder", "blt_patcher",
+                     "ernie4_5", "ernie4_5_moe", "ernie4_5_vl_moe", "ernie4_5_vl_moe_text", "glm_ocr", "glm_ocr_text",
+                     "helium", "moonshine", "moonshine_streaming", "openai_privacy_filter", "pe_audio_encoder", "pe_audio_video_encoder",
+                     "pe_video_encoder"), _INTERLEAVED),
+    "codegen": Convention(pairing="interleaved", rotary_width=("rotary_dim", 64), fixed_table=True, rope_types=("default",),
+                          reads_class=True),
+    "cohere2_moe": Convention(pairing="interleaved", nope="full", layer_pattern=("sliding_window_pattern", 4),
+                              reads_class=True),
+    # Llama 4: complex multiplication on consecutive pairs; every no_rope_layers[i] == 0 layer is NoPE
+    **dict.fromkeys(("llama4", "llama4_text"), Convention(pairing="interleaved", default_theta=500000.0, head_dim=128,
+                                                           nope="no_rope_layers", reads_class=True)),
+    # Zamba 2: its shared attention rotates only with use_mem_rope (default false)
+    "zamba2": Convention(partial=1.0, head_dim_key="attention_head_dim", rope_flag=("use_mem_rope", True),
+                         reads_class=True),
+    # Granite 4 hybrids: the attention layers rotate only with position_embedding_type "rope" (default none)
+    "granitemoehybrid": Convention(partial=1.0, rope_flag=("position_embedding_type", "rope"), reads_class=True),  # its attention concatenates two widths
+    **dict.fromkeys(("hy_v4_vl", "hy_v4_vl_text"), Convention(pairing="interleaved", partial=1.0,
+                                                               rope_width=("qk_rope_head_dim", 64), reads_class=True)),
+    **dict.fromkeys(("ernie4_5_vl_moe", "ernie4_5_vl_moe_text"), Convention(refused=(
+        "3-D M-RoPE in its own layout (h and w frequencies interleaved, t last, pre-rotated inverse frequencies), "
+        "which posenc.rope.mrope does not model"))),
+    **dict.fromkeys(("mamba", "mamba2", "falcon_mamba", "rwkv", "xlstm"), Convention(
+        refused="no positional encoding at all (a recurrent / state-space model without attention layers)")),
+    # multi-axis RoPE of the VL families (the modeling file's default section when the config has none)
+    **dict.fromkeys(("qwen3_vl", "qwen3_vl_text", "qwen3_vl_moe", "qwen3_vl_moe_text", "qwen3_omni_moe",
+                     "qwen3_omni_moe_text", "qwen3_omni_moe_thinker"),
+                    Convention(partial=1.0, mrope=True, aliases=_MROPE_ALIAS, mrope_default=(24, 20, 20), mrope_interleaved=True,
+                               reads_class=True)),
+    **dict.fromkeys(("cosmos3_edge", "cosmos3_edge_text"),  # (its config class refuses the 4.x "mrope" name)
+                    Convention(partial=1.0, mrope=True, mrope_default=(24, 20, 20), mrope_interleaved=True,
+                               reads_class=True)),
+    **dict.fromkeys(("qwen3_5", "qwen3_5_text", "qwen3_5_moe", "qwen3_5_moe_text", "qwen4_exp", "qwen4_exp_text"),
+                    Convention(partial=1.0, mrope=True, aliases=_MROPE_ALIAS, mrope_default=(11, 11, 10), mrope_interleaved=True,
+                               reads_class=True)),
+    **dict.fromkeys(("glm4v", "glm4v_text", "glm4v_moe", "glm4v_moe_text", "glm_image", "glm_image_text"),
+                    Convention(partial=1.0, mrope=True, aliases=_MROPE_ALIAS, mrope_default=(8, 12, 12), reads_class=True)),
+    **dict.fromkeys(("paddleocr_vl", "paddleocr_vl_text", "qwen2_5_omni", "qwen2_5_omni_thinker",
+                     "qwen2_5_omni_text"), Convention(partial=1.0, mrope=True, aliases=_MROPE_ALIAS, reads_class=True)),
+    "nanochat": Convention(refused="a rotation by -theta (its rotate_half is cat(x2, -x1)): attention scores see "
+                           "position n - m where every other RoPE model sees m - n"),
     "qwen2_vl": _QWEN_VL,
     "qwen2_vl_text": _QWEN_VL,
     "qwen2_5_vl": _QWEN_VL,
@@ -109,14 +165,32 @@ NON_ROPE_MODEL_TYPES = {
 
 
 def convention(cfg: Mapping[str, Any]) -> Convention:
-    """The table row of `cfg['model_type']` (Llama's for types outside the table)."""
-    return MODEL_TYPES.get(cfg.get("model_type"), _LLAMA)  # type: ignore[arg-type]
+    """The table row of `cfg['model_type']` (`GENERIC` for types outside the table)."""
+    row = MODEL_TYPES.get(cfg.get("model_type"))  # type: ignore[arg-type]
+    if row is not None:
+        return row
+    if cfg.get("qk_rope_head_dim") is not None:
+        return GENERIC_MLA
+    return GENERIC
+
+
+def positional_layer(layer_type: str | None) -> bool:
+    """Whether a layer type attends over positions at all: "linear_attention" (gated delta / recurrent state),
+    "mamba", "conv", "mlp", "recurrent", ... carry no positions; "hybrid" and every other "*attention" type do."""
+    if layer_type in ("hybrid", "hybrid_sliding"):  # Zamba 2 / ZAYA: a recurrent block with an attention layer
+        return True
+    return layer_type is None or (layer_type.endswith("attention") and layer_type != "linear_attention")
 
 
 def config_to_dict(config: Any) -> dict[str, Any]:
     """A plain dict from a config.json dict or a transformers `PretrainedConfig`."""
+    from .classes import with_aliases, with_class_defaults
+
     if isinstance(config, Mapping):
-        return _checked_type(dict(config))
+        cfg = _checked_type(dict(config))
+        if cfg.get("model_type") is None or cfg["model_type"] in NON_ROPE_MODEL_TYPES or not convention(cfg).reads_class:
+            return cfg
+        return _checked_type(with_class_defaults(cfg))
     to_dict = getattr(config, "to_dict", None)
     if config is None or not callable(to_dict):
         fail("config", "a config.json dict or a transformers PretrainedConfig", type(config))
@@ -124,7 +198,7 @@ def config_to_dict(config: Any) -> dict[str, Any]:
     for key in ("head_dim", "rope_parameters", "model_type"):  # properties to_dict() may not serialise
         if key not in out and getattr(config, key, None) is not None:
             out[key] = getattr(config, key)
-    return _checked_type(out)
+    return _checked_type(with_aliases(out, config))
 
 
 def _checked_type(cfg: dict[str, Any]) -> dict[str, Any]:
@@ -134,11 +208,24 @@ def _checked_type(cfg: dict[str, Any]) -> dict[str, Any]:
     return cfg
 
 
+_NESTED = ("text_config", "thinker_config", "decoder", "llm_config", "language_config", "encoder_config", "asr_config")
+
+
+def _nested_text(cfg: Mapping[str, Any]) -> Any:
+    """The sub-config holding the language model: `text_config`, or (omni / encoder-decoder / ASR composites
+    whose top level has no attention sizes) the first of `_NESTED` present."""
+    if cfg.get("text_config") is not None or cfg.get("num_attention_heads") is not None:
+        return cfg.get("text_config")
+    return next((cfg[k] for k in _NESTED[1:] if isinstance(cfg.get(k), Mapping) or hasattr(cfg.get(k), "to_dict")), None)
+
+
 def text_config(cfg: dict[str, Any]) -> dict[str, Any]:
-    """Vision-language configs keep the language model's facts in `text_config`."""
-    text = cfg.get("text_config")
+    """Vision-language configs keep the language model's facts in `text_config` (omni models one level deeper)."""
+    text = _nested_text(cfg)
     if not (isinstance(text, Mapping) or hasattr(text, "to_dict")):
         return cfg
+    if _nested_text(config_to_dict(text)) is not None:
+        text = text_config(config_to_dict(text))
     merged = config_to_dict(text)
     for key, value in cfg.items():
         if key != "text_config":
@@ -173,11 +260,17 @@ def head_dim(cfg: Mapping[str, Any]) -> int:
     conv = convention(cfg)
     key = conv.head_dim_key
     if key is not None:
-        alias = present_key(cfg, key, "d_kv")  # T5 names it d_kv
+        alias = present_key(cfg, key, "d_kv", "kv_channels")  # T5 names it d_kv, JetMoE kv_channels
         if cfg.get(alias) is not None:
             return config_int(cfg, alias)
         if key not in cfg and conv.head_dim is not None:
             return conv.head_dim
+        if key not in cfg and conv.reads_class:  # the config class's default, when transformers is importable
+            from .classes import with_class_defaults
+
+            filled = text_config(with_class_defaults(dict(cfg)))  # a composite's default sits in its text_config
+            if filled.get(key) is not None:
+                return config_int(filled, key)
     hidden_key = present_key(cfg, "hidden_size", "n_embd", "n_embed", "d_model")
     heads_key = present_key(cfg, "num_attention_heads", "n_head", "n_heads", "num_heads")
     hidden, heads = config_int(cfg, hidden_key), config_int(cfg, heads_key)

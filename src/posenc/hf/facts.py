@@ -87,6 +87,7 @@ class KVFacts:
     elements: int  # cached numbers per token per layer (K and V together)
     windows: tuple[int | None, ...]  # per layer: sliding-window size, None = keeps every token
     notes: tuple[str, ...]
+    layer_elements: tuple[int, ...] | None = None  # per layer, where layers differ (Gemma 4's global head_dim)
 
 
 def layer_windows(config: Any, layers: int | None = None) -> tuple[int | None, ...]:
@@ -146,10 +147,33 @@ def kv_cache_facts(config: Any) -> KVFacts:
         kv_heads = attn["kv_n_heads"]
     kv_heads = heads if kv_heads is None else int(kv_heads)
     kind = "mha" if kv_heads == heads else ("mqa" if kv_heads == 1 else "gqa")
+    per_layer = _layer_elements(cfg, layers, kv_heads, width)
+    if per_layer is not None:
+        notes.append(f"layers differ in KV width: {sorted(set(per_layer))} numbers per token (per_layer_config / "
+                     "global_head_dim); the head_dim shown is the most common one")
     if model_type in ("t5", "mt5"):
         notes.append("encoder-decoder: decoder self-attention cache only; the cross-attention cache adds the same per"
                      " encoder token")
-    return KVFacts(kind, layers, kv_heads, width, 2 * kv_heads * width, windows, tuple(notes))
+    return KVFacts(kind, layers, kv_heads, width, 2 * kv_heads * width, windows, tuple(notes), per_layer)
+
+
+def _layer_elements(cfg: dict[str, Any], layers: int, kv_heads: int, width: int) -> tuple[int, ...] | None:
+    """K and V numbers per token of each layer where they differ between layers (Gemma 4: `per_layer_config`
+    {layer index: {"head_dim", "num_key_value_heads"}}, or config.json's `global_head_dim` for full attention)."""
+    per, types = cfg.get("per_layer_config"), layer_type_list(cfg, layers)
+    if isinstance(per, dict) and per:
+        try:
+            rows = {int(k): v or {} for k, v in per.items()}
+        except (TypeError, ValueError):
+            fail("config['per_layer_config']", "a dict keyed by layer index", sorted(map(str, per)))
+        dims = [(rows.get(i, {}).get("num_key_value_heads") or kv_heads, rows.get(i, {}).get("head_dim") or width)
+                for i in range(layers)]
+    elif cfg.get("global_head_dim") is not None and types is not None:
+        glob = (config_int(cfg, "num_global_key_value_heads", default=kv_heads), config_int(cfg, "global_head_dim"))
+        dims = [glob if t == "full_attention" else (kv_heads, width) for t in types]
+    else:
+        return None
+    return tuple(2 * h * d for h, d in dims) if len(set(dims)) > 1 else None
 
 
 def decoder_sizes(config: Any) -> dict[str, Any]:

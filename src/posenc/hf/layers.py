@@ -17,8 +17,8 @@ from typing import Any, Callable, Mapping
 
 from ..errors import PosencError, Raw, fail
 from ..rope.spec import Rope
-from .conventions import (MISSING, MODEL_TYPES, NON_ROPE_MODEL_TYPES, Convention, config_int, config_to_dict,
-                          layer_type_list, text_config)
+from .conventions import (MISSING, NON_ROPE_MODEL_TYPES, Convention, config_int, config_to_dict, convention,
+                          layer_type_list, positional_layer, text_config)
 from .rope import build_rope, rope_type_of
 
 __all__ = ["rope_from_hf_config", "layer_ropes", "rope_by_layer_type"]
@@ -34,10 +34,13 @@ def _text(config: Any) -> tuple[dict[str, Any], Convention]:
     if model_type in NON_ROPE_MODEL_TYPES:
         fail("config['model_type']", "a model that uses RoPE",
              Raw(f"{model_type!r}, which uses {NON_ROPE_MODEL_TYPES[model_type]}"))
-    if model_type not in MODEL_TYPES:
-        got = MISSING if model_type is None else model_type
-        fail("config['model_type']", f"one of the known RoPE model types {sorted(MODEL_TYPES)}", got)
-    conv = MODEL_TYPES[model_type]
+    if model_type is None:
+        fail("config['model_type']", "a model type name such as 'llama' (every transformers config.json has one)",
+             MISSING)
+    conv = convention(cfg)
+    if conv.refused is not None:
+        fail("config['model_type']", "a model whose rotation posenc models",
+             Raw(f"{model_type!r}, which applies {conv.refused}"))
     if conv.alibi_key is not None and cfg.get(conv.alibi_key):
         fail(f"config['{conv.alibi_key}']", "false (this config uses ALiBi, not RoPE: see posenc.alibi_slopes)",
              cfg[conv.alibi_key])
@@ -58,7 +61,8 @@ def _layer_params(cfg: dict[str, Any], conv: Convention) -> dict[str | None, _Pa
     for key, value in (("rope_scaling", scaling), ("rope_parameters", params)):
         if value is not None and not isinstance(value, Mapping):
             fail(f"config['{key}']", "a dict of rope parameters or null", value)
-    nested = bool(params) and all(k in set(_LAYER_TYPES) | set(cfg.get("layer_types") or []) for k in params)
+    # one dict per layer type (or per branch: DeepSeek-V4's "main" / "compress"): every value a dict or null
+    nested = bool(params) and all(isinstance(v, Mapping) or v is None for v in params.values())
     if nested:
         layers = {k: (None if v is None else dict(v), f"config['rope_parameters']['{k}']") for k, v in params.items()}
     elif conv.local_theta is None:
@@ -98,6 +102,10 @@ def _layer_params(cfg: dict[str, Any], conv: Convention) -> dict[str | None, _Pa
 
 def _rotating(cfg: Mapping[str, Any], conv: Convention, layer_type: str | None, index: int | None) -> bool:
     """Whether a layer of this type (and index, when known) applies RoPE at all."""
+    if not positional_layer(layer_type):  # linear attention, mamba, conv, mlp layers: no positions
+        return False
+    if conv.rope_flag is not None and cfg.get(conv.rope_flag[0]) != conv.rope_flag[1]:
+        return False  # Zamba 2 without use_mem_rope, Granite 4 hybrids without position_embedding_type "rope"
     windowed = cfg.get("sliding_window", 4096) is not None  # Cohere2Config / Exaone4Config default 4096
     if conv.nope == "full":  # Cohere 2: only sliding layers rotate, and only when a window is set
         return layer_type == "sliding_attention" and windowed
@@ -125,6 +133,27 @@ def _nope_layers(cfg: Mapping[str, Any], conv: Convention, layer_type: str | Non
             and (layer_type is None or types is None or types[i] == layer_type)]
 
 
+def _layer_cfg(cfg: dict[str, Any], name: str | None) -> dict[str, Any]:
+    """`cfg` with the head_dim of the layers of type `name` where it differs per layer (Gemma 4's full-attention
+    layers: `per_layer_config` {layer index: {"head_dim": ...}}, or config.json's `global_head_dim`)."""
+    per, types = cfg.get("per_layer_config"), layer_type_list(cfg)
+    if name is None or not types:
+        return cfg
+    if isinstance(per, Mapping) and per:
+        try:
+            by_index = {int(k): v for k, v in per.items()}
+        except (TypeError, ValueError):
+            fail("config['per_layer_config']", "a dict keyed by layer index", Raw(f"keys {sorted(map(str, per))}"))
+        dims = {(by_index.get(i) or {}).get("head_dim") for i, t in enumerate(types) if t == name}
+        if len(dims) > 1:
+            fail("config['per_layer_config']", f"one head_dim for every {name} layer (posenc builds one Rope per "
+                 "layer type)", Raw(f"head_dim {sorted(map(str, dims))}"))
+        dim = next(iter(dims), None)
+    else:
+        dim = cfg.get("global_head_dim") if name == "full_attention" else None
+    return cfg if dim is None else {**cfg, "head_dim": dim}
+
+
 def _builders(cfg: dict[str, Any], conv: Convention) -> dict[str | None, Callable[[], Rope | None]]:
     """`{layer type: () -> Rope or None (no RoPE)}`, built on demand (an unused layer type's error stays silent)."""
     layers = _layer_params(cfg, conv)
@@ -138,11 +167,14 @@ def _builders(cfg: dict[str, Any], conv: Convention) -> dict[str | None, Callabl
             if not _rotating(cfg, conv, name, None):
                 return None
             if name not in layers and None not in layers:
-                fail(f"config['rope_parameters']['{name}']", "a dict of rope parameters for this layer type", MISSING)
+                fail(f"config['rope_parameters']['{name}']", "a dict of rope parameters for this layer type (this "
+                     f"config keys its rope parameters by {sorted(map(str, layers))}, which are not its layer types: "
+                     "a table per attention branch, which posenc.hf does not model; build each Rope from its dict)",
+                     MISSING)
             params, where = layers.get(name, layers.get(None))
             if isinstance(params, PosencError):
                 raise params
-            return None if params is None else build_rope(cfg, conv, params, where)
+            return None if params is None else build_rope(_layer_cfg(cfg, name), conv, params, where)
         return build
 
     return {name: builder(name) for name in names}
@@ -226,13 +258,14 @@ def rope_from_hf_config(config: Any, *, layer_type: str | None = None) -> Rope:
             fail("layer_type", f"a layer type that uses RoPE ({cfg['model_type']} {layer_type} layers use no "
                  "positional encoding)", layer_type)
         return rope
-    ropes = {name: build() for name, build in builders.items()}
+    ropes = {name: build() for name, build in builders.items() if positional_layer(name)}
     distinct = set(ropes.values())
     if len(distinct) == 1 and None not in distinct:
         return next(iter(distinct))  # type: ignore[return-value]
-    if distinct == {None}:
+    if not distinct or distinct == {None}:
         fail("config", f"a model that applies RoPE somewhere (no layer of this {cfg['model_type']} config does)",
-             Raw(f"sliding_window={cfg.get('sliding_window')!r}"))
+             Raw(f"{conv.rope_flag[0]}={cfg.get(conv.rope_flag[0])!r}" if conv.rope_flag is not None
+                 else f"sliding_window={cfg.get('sliding_window')!r}"))
     per_type = "; ".join(f"{k}: {_describe(v)}" for k, v in sorted(ropes.items(), key=lambda kv: str(kv[0])))
     fail("layer_type", f"one of {named} (this {cfg['model_type']} config applies a different RoPE per layer type: "
          f"{per_type}; posenc.hf.layer_ropes(config) gives one per layer)", None)

@@ -12,13 +12,17 @@ from typing import Any, Mapping
 
 from ..errors import Raw, fail, prefix, real
 from ..rope import scaling as sc
+from ..rope.proportional import Proportional
 from ..rope.spec import Rope
 from .conventions import MISSING, Convention, config_int, head_dim, present_key
 
 __all__ = ["ROPE_TYPES", "build_rope"]
 
 # Keys a rope-parameter dict may carry, per rope type, beyond the common ones.
-_COMMON = {"rope_type", "type", "rope_theta", "partial_rotary_factor", "mrope_section", "mrope_interleaved"}
+_COMMON = {"rope_type", "type", "rope_theta", "partial_rotary_factor", "mrope_section", "mrope_interleaved",
+           # read by the attention, not the table (Ministral 3 / Mistral 4: Llama-4 query temperature
+           # 1 + beta * log(1 + floor(position / L0)), see docs/hf.md); transformers' validation skips them too
+           "llama_4_scaling_beta", "max_position_embeddings"}
 _KEYS = {
     "default": set(),
     "linear": {"factor"},
@@ -27,6 +31,7 @@ _KEYS = {
              "attention_factor", "truncate"},
     "longrope": {"short_factor", "long_factor", "factor", "attention_factor", "original_max_position_embeddings"},
     "llama3": {"factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"},
+    "proportional": {"factor"},
 }
 _REQUIRED = {
     "default": set(),
@@ -35,6 +40,7 @@ _REQUIRED = {
     "yarn": {"factor"},
     "longrope": {"short_factor", "long_factor"},
     "llama3": {"factor", "low_freq_factor", "high_freq_factor"},
+    "proportional": set(),
 }
 ROPE_TYPES = tuple(_KEYS)
 
@@ -78,6 +84,8 @@ def _rotary_dim(cfg: Mapping[str, Any], params: Mapping[str, Any], rope_type: st
         if key in cfg and cfg[key] is None:
             fail(f"config['{key}']", "an integer (GPT-J with rotary_dim=null rotates hidden_size channels)", None)
         return config_int(cfg, key, default=default)
+    if rope_type == "proportional":
+        return width  # p-RoPE's table spans the head; partial_rotary_factor zeroes its upper frequencies
     if "partial_rotary_factor" in params:
         factor, arg = params["partial_rotary_factor"], f"{where}['partial_rotary_factor']"
     else:
@@ -85,6 +93,12 @@ def _rotary_dim(cfg: Mapping[str, Any], params: Mapping[str, Any], rope_type: st
     if factor is None:
         return width
     factor = real(arg, factor, gt=0.0, le=1.0)
+    if conv.rope_width is not None and conv.partial is not None:  # MLA outside the table: the factor is of head_dim
+        table = int(head_dim(cfg) * factor)  # the rotary class's width: head_dim * factor, the rope slice
+        if table != width:
+            fail(arg, f"head_dim * factor = {conv.rope_width[0]} = {width} (the rotary class builds a table of "
+                 f"head_dim * partial_rotary_factor channels for the rope slice)", Raw(f"{factor} -> {table}"))
+        return width
     if conv.partial is None and rope_type == "default":
         return width  # this family's default rope ignores partial_rotary_factor
     rotary = int(width * factor)  # transformers truncates
@@ -116,6 +130,9 @@ def _scaling(rope_type: str, p: Mapping[str, Any], cfg: Mapping[str, Any], conv:
     """The scaling rule of one rope dict; the rule's own checks run, re-raised under the dict's path."""
     if rope_type == "default":
         return sc.Default()
+    if rope_type == "proportional":  # transformers reads both with .get: 1.0 when absent
+        with prefix(where):
+            return Proportional(fraction=p.get("partial_rotary_factor", 1.0), factor=p.get("factor", 1.0))
     if rope_type in ("dynamic", "yarn", "longrope"):  # top-level keys first, outside the dict's path
         max_pos = config_int(cfg, "max_position_embeddings", "n_positions")
     if rope_type in ("yarn", "longrope", "llama3"):
@@ -170,14 +187,22 @@ def build_rope(cfg: dict[str, Any], conv: Convention, params: Mapping[str, Any],
     pairing = conv.pairing
     if pairing == "interleaved_to_split_half" and cfg.get("rope_interleave", True) is False:
         pairing = "split_half"  # DeepSeek-V3 with rope_interleave=false
+    if conv.rope_width is not None and pairing == "split_half" and cfg.get("rope_interleave") is True:
+        pairing = "interleaved_to_split_half"  # another MLA family with DeepSeek-V3's flag set
     section = None
-    if conv.mrope:  # sectioned; the Qwen2-VL family ignores mrope_interleaved (only Qwen3-VL interleaves)
-        section = params.get("mrope_section", cfg.get("mrope_section")) or [16, 24, 24]  # transformers' default
+    if conv.mrope:  # the family's layout; the Qwen2-VL family ignores mrope_interleaved (only Qwen3-VL interleaves)
+        section = params.get("mrope_section", cfg.get("mrope_section")) or list(conv.mrope_default)
         if not isinstance(section, (list, tuple)):
             fail(f"{where}['mrope_section']", "a list of 3 integers (t, h, w frequencies)", section)
+        if conv.mrope_interleaved and len(section) == 3 and all(isinstance(n, int) for n in section) \
+                and sum(section) < rotary // 2:
+            # interleaved: only s_h and s_w are read; every other frequency follows T (Qwen4-exp's default
+            # [11, 11, 10] on a 256-channel head)
+            section = [rotary // 2 - section[1] - section[2], section[1], section[2]]
     softmax = 1.0
     if conv.rope_width is not None and isinstance(scaling, sc.YaRN):  # DeepSeek's softmax mscale
         softmax = scaling.softmax_scale_factor()
     with prefix(where):  # head_dim, rotary_dim and base are checked above: what fails here is the dict's
         return Rope(head_dim=width, rotary_dim=rotary, base=base, scaling=scaling, pairing=pairing,
-                    mrope_section=None if section is None else tuple(section), softmax_scale_factor=softmax)
+                    mrope_section=None if section is None else tuple(section),
+                    mrope_interleaved=section is not None and conv.mrope_interleaved, softmax_scale_factor=softmax)

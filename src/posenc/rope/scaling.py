@@ -297,8 +297,8 @@ class Llama3:
     def __post_init__(self) -> None:
         for arg in ("factor", "low_freq_factor", "high_freq_factor"):
             _set(self, arg, real(arg, getattr(self, arg), gt=0))
-        if self.low_freq_factor >= self.high_freq_factor:
-            fail("low_freq_factor", f"a value below high_freq_factor={self.high_freq_factor}", self.low_freq_factor)
+        if self.low_freq_factor > self.high_freq_factor:  # equal: no blend band (Llama 4 Scout's 1.0, 1.0)
+            fail("low_freq_factor", f"a value not above high_freq_factor={self.high_freq_factor}", self.low_freq_factor)
         _set(self, "original_max_positions",
              integer("original_max_position_embeddings", self.original_max_positions, min=1))
 
@@ -309,6 +309,8 @@ class Llama3:
         high_wavelen = self.original_max_positions / self.high_freq_factor
         wavelen = 2 * math.pi / inv
         scaled = torch.where(wavelen > low_wavelen, inv / self.factor, inv)
+        if self.low_freq_factor == self.high_freq_factor:  # a step at L0 / low_freq_factor, no blend (transformers
+            return scaled, 1.0  # computes 0 / 0 there, used only by a pair exactly at the boundary wavelength)
         smooth = (self.original_max_positions / wavelen - self.low_freq_factor) / (
             self.high_freq_factor - self.low_freq_factor
         )
