@@ -25,7 +25,7 @@ from typing import Any, Callable
 
 import torch
 
-from ..errors import fail
+from ...errors import fail
 
 __all__ = ["ENGINES", "load_factory", "posenc_engine", "transformers_engine", "llamacpp_engine",
            "split_scaling", "model_config"]
@@ -45,7 +45,7 @@ _READ: dict[tuple[str, str], tuple[dict[str, Any], dict[str, torch.Tensor]]] = {
 def read_once(model_path: str, dtype: torch.dtype) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
     """posenc's loader `read_checkpoint`, memoised for the last checkpoint (engines for several rules share
     the tensors; nothing writes to them)."""
-    from ..models.loading import read_checkpoint
+    from ...models.loading import read_checkpoint
 
     key = (str(model_path), str(dtype))
     if key not in _READ:
@@ -75,7 +75,7 @@ def config_with(cfg: dict[str, Any], rope_scaling: dict | None) -> dict[str, Any
 
 def posenc_engine(model_path: str, rope_scaling: dict | None, dtype: torch.dtype) -> Any:
     """posenc's own `Decoder` (it follows the protocol as it is), sdpa attention."""
-    from ..models import Decoder
+    from ...models import Decoder
 
     cfg, state = read_once(model_path, dtype)
     cfg = config_with(cfg, rope_scaling)
@@ -127,7 +127,7 @@ def transformers_engine(model_path: str, rope_scaling: dict | None, dtype: torch
     tensors posenc's loader reads (`posenc.models.to_transformers`; no accelerate)."""
     from transformers.utils import logging
 
-    from ..models import to_transformers
+    from ...models import to_transformers
 
     logging.set_verbosity_error()
     return TransformersEngine(to_transformers(posenc_engine(model_path, rope_scaling, dtype)))
