@@ -7,7 +7,10 @@ Llama-3, LongRoPE) runs on the engine and on the reference (transformers on the 
 decoder when testing transformers) at two lengths: L0/2 (inside the reduced L0: length-dependent rules
 must use their short table) and L1 + L0/2 (crossing L0 and L1 = 2 L0: a cos/sin table of L1 rows is
 read past its end). Per-token log-probabilities of the text are compared element-wise; the bound is
-float32 noise: `logprob = logit - logsumexp`, two rounded terms, so twice the logit tolerance.
+float32 noise: `logprob = logit - logsumexp`, two rounded terms, so twice the logit noise of a sequence
+reaching position n (`shift_tol`: 1e-4 plus the float32 angle rounding 64 n 2^-24 that two independent
+implementations may each carry). On SmolLM2 at L0 = 256 the faults this row must catch move logprobs by
+0.17 (YaRN truncate ignored, inside L0) to 7 nats; clean engines stay below 2.3e-4.
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ from typing import Any
 import torch
 
 from .common import Budget, Row, Subject, boundary_rules, fmt
-from .consistency import logit_tol
+from .consistency import shift_tol
 
 __all__ = ["rules_vs_reference", "all_rules", "token_logprobs", "LOGPROB_TOL_FACTOR", "TOP1_MIN"]
 
@@ -66,7 +69,7 @@ def rules_vs_reference(subject: Subject, budget: Budget, progress: Any = None) -
     l0 = min(budget.boundary_l0, subject.l0)
     lengths = (l0 // 2, 2 * l0 + l0 // 2)
     ids = subject.text(lengths[-1], offset=30000)
-    tol = LOGPROB_TOL_FACTOR * logit_tol(subject.dtype)
+    tols = {n: LOGPROB_TOL_FACTOR * shift_tol(subject.dtype, n) for n in lengths}
     rules = all_rules(l0, subject.theta, subject.head_dim)
     kept, not_implemented = subject.split_rules(rules)
     per_rule: dict[str, Any] = {}
@@ -88,8 +91,8 @@ def rules_vs_reference(subject: Subject, budget: Budget, progress: Any = None) -
                 entry[str(n)] = _compare(engine, reference, ids[:, :n])
         except Exception as exc:  # noqa: BLE001
             entry["error"] = f"{type(exc).__name__}: {exc}"[:400]
-        ok = "error" not in entry and all(e["max_abs_logprob_diff"] <= tol and e["top1_agreement"] >= TOP1_MIN
-                                          for e in entry.values())
+        ok = "error" not in entry and all(e["max_abs_logprob_diff"] <= tols[int(n)] and
+                                          e["top1_agreement"] >= TOP1_MIN for n, e in entry.items())
         per_rule[name] = entry
         if not ok:
             failed.append(name)
@@ -104,7 +107,7 @@ def rules_vs_reference(subject: Subject, budget: Budget, progress: Any = None) -
     if not_implemented:
         measured["not_implemented"] = sorted(not_implemented)
     return Row("rules-vs-reference", not failed if per_rule else None, measured,
-               {"max_abs_logprob_diff": f"<= {fmt(tol)} per rule and length",
+               {"max_abs_logprob_diff": " and ".join(f"<= {fmt(t)} at {n} tokens" for n, t in tols.items()),
                 "top1_agreement": f">= {TOP1_MIN}"},
                explanation=f"each rule at L0 = {l0} (factor 2) on the engine and the reference, {lengths[0]} and "
                            f"{lengths[1]} tokens (inside L0; past L1): per-token logprobs equal up to float32 noise"

@@ -25,10 +25,15 @@ from ...errors import PosencError
 from .process import EngineFailure, EngineProcess
 
 __all__ = ["RuleNotImplemented", "HostedLogitsEngine", "HostedScoringEngine", "llamacpp_params",
-           "llamacpp_engine", "vllm_engine", "check_engine_output", "TIMEOUT"]
+           "llamacpp_engine", "vllm_engine", "check_engine_output", "engine_timeout"]
 
 HERE = Path(__file__).resolve().parent
-TIMEOUT = float(os.environ.get("POSENC_ENGINE_TIMEOUT", "300"))  # seconds per call; start-up gets 3x
+
+
+def engine_timeout() -> float:
+    """Seconds one engine call may take (`POSENC_ENGINE_TIMEOUT`, `--engine-timeout`; default 300);
+    start-up and loading get three times as long."""
+    return float(os.environ.get("POSENC_ENGINE_TIMEOUT", "300"))
 
 
 class RuleNotImplemented(PosencError):
@@ -44,7 +49,7 @@ def check_engine_output(name: str, array: Any, shape: tuple[int, ...]) -> np.nda
             s is not None and a != s for a, s in zip(array.shape, shape)):
         got = getattr(array, "shape", type(array).__name__)
         raise EngineFailure(f"{name}: malformed answer: expected an array of shape {shape}, got {got}")
-    return array
+    return np.array(array)  # a writable copy (answers arrive as read-only buffers)
 
 
 class HostedLogitsEngine:
@@ -173,7 +178,7 @@ def llamacpp_engine(model_path: str, rope_scaling: dict | None, dtype: torch.dty
     ctx = llamacpp_params(rope_scaling)
     proc = EngineProcess(python, str(HERE / "llamacpp_side.py"),
                          {"model_path": model_file("llama-cpp", model_path), "ctx_params": ctx},
-                         timeout=TIMEOUT, load_timeout=3 * TIMEOUT)
+                         timeout=engine_timeout(), load_timeout=3 * engine_timeout())
     return HostedLogitsEngine(proc)
 
 
@@ -210,7 +215,7 @@ def vllm_engine(model_path: str, rope_scaling: dict | None, dtype: torch.dtype, 
            "TOKENIZERS_PARALLELISM": "false"}
     proc = EngineProcess(python, str(HERE / "vllm_side.py"),
                          {"model_dir": folder, "hf_overrides": overrides, "max_model_len": int(max_model_len),
-                          "dtype": str(dtype).split(".")[-1]}, timeout=TIMEOUT, load_timeout=3 * TIMEOUT, env=env)
+                          "dtype": str(dtype).split(".")[-1]}, timeout=engine_timeout(), load_timeout=3 * engine_timeout(), env=env)
     return HostedScoringEngine(proc, {"rope_override", "prefix_caching", "chunked_prefill"})
 
 

@@ -18,7 +18,7 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
-from .hosted import TIMEOUT, check_engine_output
+from .hosted import check_engine_output, engine_timeout
 from .process import EngineFailure
 
 __all__ = ["OpenAIEngine", "openai_factory"]
@@ -38,8 +38,8 @@ class OpenAIEngine:
     protocol = "scoring"
     capabilities = {"prefix_caching"}
 
-    def __init__(self, url: str, timeout: float = TIMEOUT) -> None:
-        self.url, self.timeout = url.rstrip("/"), timeout
+    def __init__(self, url: str, timeout: float | None = None) -> None:
+        self.url, self.timeout = url.rstrip("/"), engine_timeout() if timeout is None else timeout
         self.model = self._request("GET", "/v1/models")["data"][0]["id"]
 
     def _request(self, method: str, path: str, body: dict | None = None) -> Any:

@@ -103,7 +103,9 @@ class EngineProcess:
         except (ValueError, KeyError, TypeError, IndexError) as exc:  # not our wire format
             self._fail(f"{method}: malformed answer from the engine ({type(exc).__name__}: {exc})")
         if not answer.get("ok"):
-            self._fail(f"{method}: the engine raised\n{str(answer.get('error', ''))[-host.TRACEBACK_CHARS:]}")
+            error = str(answer.get("error", ""))[-host.TRACEBACK_CHARS:]
+            last = ([line for line in error.splitlines() if line.strip()] or ["(no traceback)"])[-1]
+            self._fail(f"{method}: the engine raised {last}\n{error}")  # the exception first: rows keep a head
         return host.decode(answer.get("result"), arrays)
 
     def _fail(self, reason: str) -> None:
