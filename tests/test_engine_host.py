@@ -68,3 +68,12 @@ def test_a_missing_interpreter_or_adapter_is_a_failure_not_a_hang(tmp_path):
     with pytest.raises(EngineFailure, match="exited with status 1"):
         p.call("echo", value=1)
     p.close()
+
+
+def test_the_hosts_folder_does_not_shadow_packages(proc):
+    # posenc/verify/engines/ holds openai.py and setup.py: an engine importing `openai` must get the real one
+    assert proc.call("echo", value=1)["value"] == 1
+    p = EngineProcess(sys.executable, str(Path(__file__).parent / "engine_fakes" / "shadow_side.py"), {},
+                      timeout=20, load_timeout=60)
+    assert p.call("where") is None
+    p.close()

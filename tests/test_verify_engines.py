@@ -120,3 +120,40 @@ def test_from_pretrained_takes_every_verify_rule(tiny):
         assert float((lp - ref).abs().max()) <= 2e-4, name
     dyn = Decoder.from_pretrained(tiny, rope_scaling=all_rules(64, 10000.0, 16)["dynamic"])
     assert dyn.config["max_position_embeddings"] == 64
+
+
+@pytest.fixture
+def server(tiny, request):
+    from engine_fakes.openai_server import serve
+
+    srv, url = serve(tiny, getattr(request, "param", None))
+    yield url
+    srv.shutdown()
+
+
+def test_openai_engine_against_a_local_server(tiny, server):
+    from posenc.verify.engines import load_factory
+
+    names = ["pairing", "prefill-decode", "batch-padding", "prefix-caching", "rules-vs-reference", "relativity"]
+    rows = {r.name: r for r in run_checks(subject(tiny, load_factory(f"openai:{server}")), BUDGET, names)}
+    assert [n for n in names[:5] if rows[n].status != "pass"] == [], {n: rows[n].measured for n in names}
+    assert rows["pairing"].measured["max_abs_logprob_diff"] <= 2e-4
+    assert list(rows["rules-vs-reference"].details["per_rule"]) == ["default"]  # the server's rule is fixed
+    assert "linear" in rows["rules-vs-reference"].measured["not_implemented"]
+    assert rows["relativity"].status == "skipped"
+
+
+@pytest.mark.parametrize("server, reason", [("http-500", "HTTP 500"), ("not-json", "not JSON")], indirect=["server"])
+def test_a_broken_server_fails_rows_with_the_reason(tiny, server, reason):
+    from posenc.verify.engines import load_factory
+
+    rows = run_checks(subject(tiny, load_factory(f"openai:{server}")), BUDGET, ["pairing", "batch-padding"])
+    assert [r.status for r in rows] == ["FAIL", "FAIL"]
+    assert all(reason in r.measured["error"] for r in rows)
+
+
+def test_an_unreachable_server_is_a_failure_not_a_hang(tiny):
+    from posenc.verify.engines import load_factory
+
+    rows = run_checks(subject(tiny, load_factory("openai:http://127.0.0.1:9")), BUDGET, ["pairing"])
+    assert rows[0].status == "FAIL" and "no answer from" in rows[0].measured["error"]

@@ -124,4 +124,6 @@ def serve(adapter_path: str) -> None:
 
 
 if __name__ == "__main__":
+    here = os.path.dirname(os.path.abspath(__file__))  # its siblings (openai.py, setup.py) must not shadow packages
+    sys.path[:] = [p for p in sys.path if os.path.abspath(p or os.curdir) != here]
     serve(sys.argv[1])
