@@ -68,3 +68,21 @@ def test_vllm_scoring_rows_and_its_yarn_table_overrun(model):
                                           ["pairing", "prefill-decode", "batch-padding", "prefix-caching"])}
     assert all(r.passed for r in rows.values()), {k: r.measured for k, r in rows.items()}
     assert rows["pairing"].measured["max_abs_logprob_diff"] <= 2e-4
+    assert rows["prefix-caching"].measured["cached_tokens_repeat"] > 0  # the cache was really read
+
+
+def test_vllm_yarn_is_right_inside_its_table_and_wrong_past_it(model):
+    # vLLM 0.32 (CPU) sizes YaRN's cos/sin cache at original * factor = 512 rows while max_model_len is 4096
+    need("vllm")
+    from posenc.verify.checks.common import boundary_rules
+    from posenc.verify.checks.rules import token_logprobs
+    from posenc.verify.engines import transformers_engine
+
+    s = subject_for(model, vllm_engine, "vllm")
+    rule = boundary_rules(256, s.theta, s.head_dim)["yarn"]
+    ids = s.text(640, offset=30000)
+    ours, _ = token_logprobs(vllm_engine(model, rule, torch.float32), ids)
+    ref, _ = token_logprobs(transformers_engine(model, rule, torch.float32), ids)
+    diff = (ours - ref).abs().nan_to_num(float("inf"))  # entry j predicts token j + 1 at position j
+    assert float(diff[:511].max()) <= 2e-4
+    assert float(diff[511:].max()) > 1.0

@@ -89,6 +89,14 @@ def test_rules_an_engine_lacks_are_na_not_failures(tiny):
     assert rows[1].measured["not_implemented"] == ["dynamic", "llama3", "ntk"]
 
 
+def test_a_configuration_refused_at_load_is_na_with_the_message(tiny):
+    rows = run_checks(subject(tiny, hosted("scoring", "refuse-linear")), BUDGET, ["rules-vs-reference"])
+    assert rows[0].status == "pass", rows[0].measured
+    assert rows[0].measured["not_implemented"] == ["linear"]
+    why = rows[0].details["not_implemented"]["linear"]
+    assert why.startswith("n/a: the engine refused") and "ValueError: User-specified max_model_len" in why
+
+
 def test_llamacpp_rule_mapping_and_gaps():
     assert llamacpp_params(None) == {}
     assert llamacpp_params({"rope_type": "default", "rope_theta": 5e5}) == {"rope_freq_base": 5e5}

@@ -2,7 +2,7 @@
 
 `fault`: None, "segfault-on-batch" (a real SIGSEGV when a forward has more than one row), "hang-on-batch",
 "raise-on-decode" (an exception for one-token forwards after a cache), "garbage-shape" (every answer one
-token short) or "nan" (NaN logprobs). Runs in the test interpreter (PYTHONPATH carries posenc).
+token short) "nan" (NaN logprobs) or "refuse-linear" (load raises for the linear rule, as vLLM refuses some configurations). Runs in the test interpreter (PYTHONPATH carries posenc).
 """
 
 import ctypes
@@ -74,4 +74,6 @@ class Fake:
 
 
 def load(model_path, rule=None, fault=None):
+    if fault == "refuse-linear" and rule and rule.get("rope_type") == "linear":
+        raise ValueError("User-specified max_model_len (4096) is greater than the derived max_model_len (128)")
     return Fake(model_path, rule, fault)

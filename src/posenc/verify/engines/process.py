@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import select
 import signal
 import subprocess
@@ -28,11 +29,24 @@ STDERR_TAIL = 800
 
 
 class EngineFailure(RuntimeError):
-    """The engine process crashed, hung, raised or answered garbage; `reason` says which."""
+    """The engine process crashed, hung, raised or answered garbage; `reason` says which.
 
-    def __init__(self, reason: str) -> None:
+    `refused` is True when the engine raised while loading (it declined the configuration, e.g. vLLM
+    refusing a rule whose derived length is below max_model_len) rather than crashing or hanging."""
+
+    def __init__(self, reason: str, refused: bool = False) -> None:
         super().__init__(reason)
-        self.reason = reason
+        self.reason, self.refused = reason, refused
+
+
+def exception_line(trace: str) -> str:
+    """The `SomeError: message` line of a traceback tail (the last such; else its last line)."""
+    lines = [line.strip() for line in trace.splitlines() if line.strip()]
+    named = [line for line in lines if re.match(r"^[\w.]+(Error|Exception|Exit|Interrupt)\b", line)]
+    if not named:
+        return (lines or ["(no traceback)"])[-1][:300]
+    i = len(lines) - 1 - lines[::-1].index(named[-1])
+    return " ".join(lines[i:i + 3])[:300]  # pydantic and friends put the message on the next lines
 
 
 def signal_name(returncode: int) -> str:
@@ -104,14 +118,14 @@ class EngineProcess:
             self._fail(f"{method}: malformed answer from the engine ({type(exc).__name__}: {exc})")
         if not answer.get("ok"):
             error = str(answer.get("error", ""))[-host.TRACEBACK_CHARS:]
-            last = ([line for line in error.splitlines() if line.strip()] or ["(no traceback)"])[-1]
-            self._fail(f"{method}: the engine raised {last}\n{error}")  # the exception first: rows keep a head
+            self._fail(f"{method}: the engine raised {exception_line(error)}\n{error}",  # rows keep the head
+                       refused=method == "load")
         return host.decode(answer.get("result"), arrays)
 
-    def _fail(self, reason: str) -> None:
+    def _fail(self, reason: str, refused: bool = False) -> None:
         tail = self.stderr_tail()
         self.close()
-        raise EngineFailure(reason + (f"\nengine stderr: ...{tail}" if tail else ""))
+        raise EngineFailure(reason + (f"\nengine stderr: ...{tail}" if tail else ""), refused)
 
     def _fill(self, deadline: float, method: str, timeout: float) -> None:
         fd = self.proc.stdout.fileno()
