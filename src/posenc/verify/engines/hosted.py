@@ -12,7 +12,6 @@ report it as `n/a: not implemented`, not as a failure.
 
 from __future__ import annotations
 
-import math
 import os
 import sys
 from pathlib import Path
@@ -218,7 +217,3 @@ def vllm_engine(model_path: str, rope_scaling: dict | None, dtype: torch.dtype, 
                           "dtype": str(dtype).split(".")[-1]}, timeout=engine_timeout(), load_timeout=3 * engine_timeout(), env=env)
     return HostedScoringEngine(proc, {"rope_override", "prefix_caching", "chunked_prefill"})
 
-
-def nan_first(values: list[float | None]) -> np.ndarray:
-    """`[None, a, b]` -> float64 `[nan, a, b]` (the protocol's first entry)."""
-    return np.array([math.nan if v is None else float(v) for v in values], dtype=np.float64)
