@@ -1,6 +1,6 @@
 """Host-side adapter for llama.cpp (llama-cpp-python's low-level API); runs inside the engine host.
 
-Imports only numpy and llama_cpp. One context holds `2 * max_batch` sequences in a unified F32 KV cache:
+Imports only numpy and (when loading) llama_cpp. One context holds `2 * max_batch` sequences in a unified F32 KV cache:
 sequences `0..max_batch-1` belong to the current cache (a new cache clears them), the others to
 stateless forwards (cleared after each). Every token is sent with its own position and sequence id
 through `llama_batch`, so explicit positions and batches of rows of different lengths are llama.cpp's own.
@@ -10,18 +10,19 @@ import ctypes
 
 import numpy as np
 
-import llama_cpp as L
-
 
 class LlamaCpp:
     def __init__(self, model_path, ctx_params, n_ctx=16384, n_batch=2048, max_batch=4, threads=1):
-        L.llama_backend_init()
-        mparams = L.llama_model_default_params()
-        self.model = L.llama_model_load_from_file(str(model_path).encode(), mparams)
+        import llama_cpp
+
+        self.L = llama_cpp
+        self.L.llama_backend_init()
+        mparams = self.L.llama_model_default_params()
+        self.model = self.L.llama_model_load_from_file(str(model_path).encode(), mparams)
         if not self.model:
             raise RuntimeError(f"llama.cpp could not load {model_path}")
-        self.n_vocab = L.llama_vocab_n_tokens(L.llama_model_get_vocab(self.model))
-        cp = L.llama_context_default_params()
+        self.n_vocab = self.L.llama_vocab_n_tokens(self.L.llama_model_get_vocab(self.model))
+        cp = self.L.llama_context_default_params()
         cp.n_ctx, cp.n_batch, cp.n_ubatch = n_ctx, n_batch, min(512, n_batch)
         cp.n_seq_max, cp.kv_unified = 2 * max_batch, True
         cp.n_threads = cp.n_threads_batch = threads
@@ -29,22 +30,22 @@ class LlamaCpp:
         cp.flash_attn_type = 0  # disabled: its F16 accumulation costs 1e-2 of logit
         for key, value in ctx_params.items():
             setattr(cp, key, value)
-        self.ctx = L.llama_init_from_model(self.model, cp)
+        self.ctx = self.L.llama_init_from_model(self.model, cp)
         if not self.ctx:
             raise RuntimeError("llama.cpp could not create a context")
-        self.mem = L.llama_get_memory(self.ctx)
+        self.mem = self.L.llama_get_memory(self.ctx)
         self.n_batch, self.max_batch = n_batch, max_batch
-        self.batch = L.llama_batch_init(n_batch, 0, 1)
+        self.batch = self.L.llama_batch_init(n_batch, 0, 1)
         self.handle, self.kept = 0, []
 
     def info(self):
-        return {"vocab": self.n_vocab, "max_batch": self.max_batch, "system": L.llama_print_system_info().decode()}
+        return {"vocab": self.n_vocab, "max_batch": self.max_batch, "system": self.L.llama_print_system_info().decode()}
 
     def new_cache(self, batch_size):
         if batch_size > self.max_batch:
             raise ValueError(f"batch_size {batch_size} > {self.max_batch}")
         for s in range(self.max_batch):
-            L.llama_memory_seq_rm(self.mem, s, -1, -1)
+            self.L.llama_memory_seq_rm(self.mem, s, -1, -1)
         self.handle += 1
         self.kept = [0] * batch_size
         return self.handle
@@ -61,11 +62,11 @@ class LlamaCpp:
                 b.seq_id[i][0] = int(seqs[start + i])
                 b.logits[i] = 1
             b.n_tokens = n
-            code = L.llama_decode(self.ctx, b)
+            code = self.L.llama_decode(self.ctx, b)
             if code != 0:
                 raise RuntimeError(f"llama_decode returned {code}")
             for i in range(n):
-                ptr = L.llama_get_logits_ith(self.ctx, i)
+                ptr = self.L.llama_get_logits_ith(self.ctx, i)
                 out[start + i] = np.ctypeslib.as_array(ctypes.cast(ptr, ctypes.POINTER(ctypes.c_float)),
                                                        shape=(self.n_vocab,))
 
@@ -92,7 +93,7 @@ class LlamaCpp:
         finally:
             if cache is None:
                 for s in range(self.max_batch, 2 * self.max_batch):
-                    L.llama_memory_seq_rm(self.mem, s, -1, -1)
+                    self.L.llama_memory_seq_rm(self.mem, s, -1, -1)
         logits = np.zeros((b, t, self.n_vocab), dtype=np.float32)
         for k, (r, j) in enumerate(where):
             logits[r, j] = out[k]
