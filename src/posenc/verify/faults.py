@@ -5,7 +5,7 @@ self-test runs the clean engine through every row, then each faulty engine throu
 catch it, and reports both: a row that passes a broken engine is a defect of the row.
 
     >>> sorted(FAULTS)[:3]
-    ['bf16-angles', 'flat-mrope', 'nan-logits']
+    ['bf16-angles', 'flat-mrope', 'linear-as-dynamic']
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import torch
 
 from .checks.multimodal import flat_positions
 
-__all__ = ["FAULTS", "Fault", "faulty_factory"]
+__all__ = ["FAULTS", "Fault", "faulty_factory", "rewrite_rule"]
 
 
 class Wrapped:
@@ -97,6 +97,38 @@ class NarrowVocab(Wrapped):
         return self.inner.forward(input_ids, **kwargs)[..., :10]
 
 
+def _short_table(rope: Any, rows: int) -> Any:
+    """The same Rope whose cos/sin table has `rows` = L0 * factor rows and is read past its end (vLLM
+    0.32's YaRN on CPU): position p >= rows gets row p - rows, what an unchecked kernel would read."""
+    base_cls = type(rope)
+
+    class ShortTableRope(base_cls):  # type: ignore[misc, valid-type]
+        def cos_sin(self, position_ids, **kwargs):
+            return super().cos_sin(torch.where(position_ids >= rows, position_ids % rows, position_ids), **kwargs)
+
+    return ShortTableRope(**{f.name: getattr(rope, f.name) for f in dataclasses.fields(rope)})
+
+
+def rewrite_rule(name: str, rule: dict | None) -> dict | None:
+    """The rule a faulty engine actually runs instead of `rule` (None: unchanged)."""
+    if rule is None:
+        return None
+    kind = rule.get("rope_type")
+    if name == "short-context-damage" and kind == "dynamic":
+        return {"rope_type": "linear", "factor": rule["factor"]}
+    if name == "yarn-no-attention-factor" and kind == "yarn":
+        return {**rule, "attention_factor": 1.0}
+    if name == "theta-dropped" and "rope_theta" in rule:  # the dict's theta ignored: the config's is used
+        return {k: v for k, v in rule.items() if k != "rope_theta"}
+    if name == "linear-as-dynamic" and kind == "linear":
+        return {**rule, "rope_type": "dynamic"}
+    if name == "yarn-truncate-ignored" and kind == "yarn":
+        return {k: v for k, v in rule.items() if k != "truncate"}
+    if name == "longrope-allocated-context" and kind == "longrope":  # allocated 8192 > L0: always long
+        return {**rule, "short_factor": list(rule["long_factor"])}
+    return rule
+
+
 def _low_precision(rope: Any) -> Any:
     """The same Rope, but positions, frequencies and angles in bfloat16 (the classic autocast bug)."""
     base_cls = type(rope)
@@ -121,9 +153,10 @@ def faulty_factory(name: str, factory: Callable[..., Any]) -> Callable[..., Any]
     def make(model_path: str, rope_scaling: dict | None, dtype: torch.dtype) -> Any:
         if name == "rule-ignored":
             return factory(model_path, None, dtype)
-        if name == "short-context-damage" and rope_scaling and rope_scaling.get("rope_type") == "dynamic":
-            rope_scaling = {"rope_type": "linear", "factor": rope_scaling["factor"]}
-        engine = factory(model_path, rope_scaling, dtype)
+        engine = factory(model_path, rewrite_rule(name, rope_scaling), dtype)
+        if name == "short-rope-table" and rope_scaling and rope_scaling.get("rope_type") == "yarn":
+            rows = int(rope_scaling["original_max_position_embeddings"] * rope_scaling["factor"])
+            return _with_rope(engine, _short_table(engine.rope, rows))
         if name == "swapped-pairing":
             other = "interleaved" if engine.rope.pairing == "split_half" else "split_half"
             return _with_rope(engine, dataclasses.replace(engine.rope, pairing=other))
@@ -160,4 +193,12 @@ FAULTS = {f.name: f for f in (
     Fault("positions-ignored", "relativity", "explicit position_ids ignored (positions always derived)"),
     Fault("nan-logits", "relativity", "every logit NaN (passes any `diff > tol` test)"),
     Fault("narrow-vocab", "prefill-decode", "logits cut to 10 columns of the vocabulary"),
+    Fault("yarn-no-attention-factor", "rules-vs-reference", "YaRN without its attention temperature 0.1 ln s + 1"),
+    Fault("theta-dropped", "rules-vs-reference", "the theta inside a scaling dict ignored (the config's used)"),
+    Fault("linear-as-dynamic", "rules-vs-reference", "linear position interpolation run as dynamic NTK"),
+    Fault("yarn-truncate-ignored", "rules-vs-reference", "YaRN truncate=False ignored (range rounded anyway)"),
+    Fault("longrope-allocated-context", "rules-vs-reference",
+          "LongRoPE picks its factors from the allocated context, not the sequence length"),
+    Fault("short-rope-table", "rules-vs-reference",
+          "YaRN cos/sin table of L0 * factor rows read past its end (vLLM 0.32 CPU)"),
 )}

@@ -18,7 +18,9 @@ from .checks.consistency import batch_padding, prefill_decode, relativity
 from .checks.length import length_boundaries, short_context
 from .checks.multimodal import multimodal
 from .checks.pairing import pairing
+from .checks.rules import rules_vs_reference
 from .checks.scan import position_scan
+from .checks.scoring import NEEDS, SCORING_CHECKS
 from .faults import FAULTS, faulty_factory
 
 __all__ = ["CHECKS", "run_checks", "self_test", "build_subject", "Progress", "parse_checks"]
@@ -26,13 +28,17 @@ __all__ = ["CHECKS", "run_checks", "self_test", "build_subject", "Progress", "pa
 CHECKS: dict[str, Callable[..., Row]] = {
     "relativity": relativity, "prefill-decode": prefill_decode, "batch-padding": batch_padding,
     "pairing": pairing, "length-boundaries": length_boundaries, "position-scan": position_scan,
-    "short-context": short_context, "multimodal": multimodal}
+    "short-context": short_context, "multimodal": multimodal, "rules-vs-reference": rules_vs_reference,
+    "prefix-caching": lambda subject, budget, progress=None: Row(
+        "prefix-caching", None, skipped="n/a: logits-protocol engines share no prefix cache between requests "
+                                        "(cache reuse is prefill-decode's)")}
 
 
 def steps_of(name: str, budget: Budget) -> int:
     """How many progress steps a row reports."""
     return {"relativity": len(budget.shifts), "prefill-decode": 6, "batch-padding": 4, "pairing": 1,
             "length-boundaries": 5, "short-context": 5, "multimodal": 1,
+            "rules-vs-reference": 8, "prefix-caching": 1,
             "position-scan": len(budget.depths) * (len(budget.passkey_lengths) + len(budget.copy_lengths))}[name]
 
 
@@ -89,6 +95,15 @@ class Progress:
         return advance
 
 
+def _row_for(subject: Subject, name: str) -> Callable[..., Row]:
+    """The row's check for the subject's protocol (scoring engines: their own variant, or n/a)."""
+    if subject.protocol != "scoring" or name == "rules-vs-reference":
+        return CHECKS[name]
+    if name in SCORING_CHECKS:
+        return SCORING_CHECKS[name]
+    return lambda subject, budget, progress=None: Row(name, None, skipped=f"n/a: needs {NEEDS[name]}")
+
+
 def run_checks(subject: Subject, budget: Budget, names: Iterable[str], progress: Progress | None = None,
                label: str = "") -> list[Row]:
     """Run the named rows in order; an exception inside a row becomes a failed row with its message."""
@@ -99,7 +114,7 @@ def run_checks(subject: Subject, budget: Budget, names: Iterable[str], progress:
         start = time.perf_counter()
         try:
             with torch.no_grad():
-                row = CHECKS[name](subject, budget, advance)
+                row = _row_for(subject, name)(subject, budget, advance)
         except BaseException as exc:  # a crashing engine fails its row, with the reason, and the run goes on
             if isinstance(exc, (KeyboardInterrupt, SystemExit, GeneratorExit)):
                 raise  # the user's, not the engine's (a Rust extension's panic is a BaseException too)

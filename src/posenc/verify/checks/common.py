@@ -123,7 +123,8 @@ class Subject:
         key = json.dumps(rope_scaling, sort_keys=True)
         if key not in self._engines:
             if len(self._engines) >= 2:
-                self._engines.pop(next(iter(self._engines)))
+                old = self._engines.pop(next(iter(self._engines)))
+                getattr(old, "close", lambda: None)()  # an engine process is stopped, not left to the GC
             start = time.perf_counter()
             self._engines[key] = self.checked(self.factory(self.model_path, rope_scaling, self.dtype))
             self.load_seconds += time.perf_counter() - start
@@ -134,6 +135,19 @@ class Subject:
     def checked(self, engine: Any) -> CheckedEngine:
         """`engine` with every logit it returns checked (`[b, t, vocab]`, floating, finite; see `check_logits`)."""
         return CheckedEngine(engine, vocab_of(self.config))
+
+    @property
+    def protocol(self) -> str:
+        """`logits` (forward / new_cache) or `scoring` (score / generate), from the factory."""
+        return getattr(self.factory, "protocol", "logits")
+
+    def split_rules(self, rules: dict[str, dict | None]) -> tuple[dict[str, dict | None], dict[str, str]]:
+        """`(rules the engine implements, {name: reason} for those it does not)`, from the factory's
+        optional `rule_support(rule) -> None | reason`; engines without it claim every rule."""
+        support = getattr(self.factory, "rule_support", None)
+        reasons = {k: support(r) for k, r in rules.items()} if callable(support) else {}
+        return ({k: r for k, r in rules.items() if not reasons.get(k)},
+                {k: f"n/a: not implemented ({v})" for k, v in reasons.items() if v})
 
     def text(self, n: int, offset: int = 0) -> torch.Tensor:
         """`[1, n]` token ids of the text starting at `offset` (wrapping around)."""

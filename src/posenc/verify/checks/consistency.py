@@ -126,7 +126,8 @@ def prefill_decode(subject: Subject, budget: Budget, progress: Any = None) -> Ro
     """Cache vs full forward for the checkpoint's rule and every length rule (decode crosses the reduced L0)."""
     tol = logit_tol(subject.dtype)
     per_rule, seen, spreads = {}, [], []
-    for name, rule in rules_for_decode(subject, budget).items():
+    rules, not_implemented = subject.split_rules(rules_for_decode(subject, budget))
+    for name, rule in rules.items():
         engine = subject.engine(rule)
         steps = budget.decode_steps
         if rule is None:
@@ -149,7 +150,8 @@ def prefill_decode(subject: Subject, budget: Budget, progress: Any = None) -> Ro
     varied, informs, needs = informative_of(spreads, tol)
     return Row("prefill-decode", not failed and informs,
                measured={"max_abs_logit_diff": worst(seen), "failed_rules": failed, "logit_spread": varied,
-                         **{f"{k}": worst(e["max_abs_logit_diff"] for e in v.values()) for k, v in per_rule.items()}},
+                         **{f"{k}": worst(e["max_abs_logit_diff"] for e in v.values()) for k, v in per_rule.items()},
+                         **({"not_implemented": sorted(not_implemented)} if not_implemented else {})},
                thresholds={"max_abs_logit_diff": f"<= {fmt(tol)} per rule", **needs},
                explanation="prefill then token-by-token decode (positions derived, and explicit) vs one full "
                            "forward over the same tokens; rules decode across their (reduced) L0",

@@ -53,7 +53,8 @@ def length_boundaries(subject: Subject, budget: Budget, progress: Any = None) ->
     per_rule: dict[str, Any] = {}
     curves = {"default": plain_nll.tolist()}
     failed = []
-    for name, rule in boundary_rules(l0, subject.theta, subject.head_dim).items():
+    rules, not_implemented = subject.split_rules(boundary_rules(l0, subject.theta, subject.head_dim))
+    for name, rule in rules.items():
         engine = subject.engine(rule)
         inside = max_diff(engine.forward(ids[:, :l0]), plain[:, :l0]) if name == "dynamic" else None
         out = engine.forward(ids)
@@ -84,6 +85,7 @@ def length_boundaries(subject: Subject, budget: Budget, progress: Any = None) ->
             progress()
     return Row("length-boundaries", not failed,
                measured={"L0": l0, "L1": l1, "failed_rules": failed,
+                         **({"not_implemented": sorted(not_implemented)} if not_implemented else {}),
                          **{f"{k}_jump_excess": v["jump_excess_nats"] for k, v in per_rule.items()},
                          **{f"{k}_effect": v["effect_max_abs_logit_diff"] for k, v in per_rule.items()}},
                thresholds={"applied": f"effect >= {APPLIED_RATIO:g} x {fmt(tol)} (dynamic: only past L0, "
@@ -108,7 +110,8 @@ def short_context(subject: Subject, budget: Budget, progress: Any = None) -> Row
     base = float(token_nll(subject.engine(None).forward(ids), ids).mean())
     deltas, failed, bounds = {}, [], {}
     tol = logit_tol(subject.dtype)
-    for name, rule in short_rules(subject.l0, subject.theta, subject.head_dim).items():
+    rules, not_implemented = subject.split_rules(short_rules(subject.l0, subject.theta, subject.head_dim))
+    for name, rule in rules.items():
         op, bound, why = SHORT_BOUNDS[name]
         if not trained and name not in ("dynamic", "linear"):
             continue
@@ -124,6 +127,7 @@ def short_context(subject: Subject, budget: Budget, progress: Any = None) -> Row
             progress()
     return Row("short-context", not failed,
                measured={"nll_default": base, "tokens": n, "failed_rules": failed,
+                         **({"not_implemented": sorted(not_implemented)} if not_implemented else {}),
                          **{f"{k}_delta_nll": v for k, v in deltas.items()}},
                thresholds={f"{k}_delta_nll": v for k, v in bounds.items()},
                explanation=f"NLL of {n} tokens inside L0 = {subject.l0} with each rule x4 minus without: "

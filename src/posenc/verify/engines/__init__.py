@@ -15,7 +15,10 @@ reads L0 from the config's `max_position_embeddings`), also `max_position_embedd
 honour both keys.
 
     >>> sorted(ENGINES)
-    ['llama-cpp', 'posenc', 'transformers']
+    ['llama-cpp', 'posenc', 'transformers', 'vllm']
+
+Foreign engines (llama-cpp, vllm) run out of process in their own virtual environments
+(`posenc setup-engine NAME`; `hosted.py`); serving engines follow the scoring protocol described there.
 """
 
 from __future__ import annotations
@@ -25,9 +28,9 @@ from typing import Any, Callable
 
 import torch
 
-from ..errors import fail
+from ...errors import fail
 
-__all__ = ["ENGINES", "load_factory", "posenc_engine", "transformers_engine", "llamacpp_engine",
+__all__ = ["ENGINES", "load_factory", "posenc_engine", "transformers_engine", "llamacpp_engine", "vllm_engine",
            "split_scaling", "model_config"]
 
 
@@ -45,7 +48,7 @@ _READ: dict[tuple[str, str], tuple[dict[str, Any], dict[str, torch.Tensor]]] = {
 def read_once(model_path: str, dtype: torch.dtype) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
     """posenc's loader `read_checkpoint`, memoised for the last checkpoint (engines for several rules share
     the tensors; nothing writes to them)."""
-    from ..models.loading import read_checkpoint
+    from ...models.loading import read_checkpoint
 
     key = (str(model_path), str(dtype))
     if key not in _READ:
@@ -75,7 +78,7 @@ def config_with(cfg: dict[str, Any], rope_scaling: dict | None) -> dict[str, Any
 
 def posenc_engine(model_path: str, rope_scaling: dict | None, dtype: torch.dtype) -> Any:
     """posenc's own `Decoder` (it follows the protocol as it is), sdpa attention."""
-    from ..models import Decoder
+    from ...models import Decoder
 
     cfg, state = read_once(model_path, dtype)
     cfg = config_with(cfg, rope_scaling)
@@ -127,73 +130,57 @@ def transformers_engine(model_path: str, rope_scaling: dict | None, dtype: torch
     tensors posenc's loader reads (`posenc.models.to_transformers`; no accelerate)."""
     from transformers.utils import logging
 
-    from ..models import to_transformers
+    from ...models import to_transformers
 
     logging.set_verbosity_error()
     return TransformersEngine(to_transformers(posenc_engine(model_path, rope_scaling, dtype)))
 
 
-class LlamaCppEngine:
-    """llama-cpp-python behind the protocol: one sequence, no padding (its API has no batch of rows)."""
+def llamacpp_engine(model_path: str, rope_scaling: dict | None, dtype: torch.dtype) -> Any:
+    """llama.cpp in its own process (see `posenc.verify.engines.hosted.llamacpp_engine`)."""
+    from .hosted import llamacpp_engine as hosted
 
-    def __init__(self, llm: Any) -> None:
-        self.llm = llm
-
-    def new_cache(self, batch_size: int, capacity: int) -> dict:
-        if batch_size != 1:
-            fail("batch_size", "1 (the llama-cpp engine runs one sequence)", batch_size)
-        self.llm.reset()
-        return {"n": 0}
-
-    def forward(self, input_ids: torch.Tensor, *, attention_mask: torch.Tensor | None = None,
-                cache: dict | None = None, position_ids: torch.Tensor | None = None) -> torch.Tensor:
-        import numpy as np
-
-        if input_ids.shape[0] != 1 or attention_mask is not None and not bool(attention_mask.all()):
-            fail("input_ids", "one unpadded row (llama-cpp engine)", tuple(input_ids.shape))
-        if cache is None:
-            self.llm.reset()
-        if position_ids is not None:
-            start = 0 if cache is None else cache["n"]
-            if not torch.equal(position_ids.reshape(-1).cpu(), torch.arange(start, start + input_ids.shape[1])):
-                fail("position_ids", "consecutive positions after the cache (llama-cpp engine)", position_ids)
-        self.llm.eval(input_ids[0].tolist())
-        t = input_ids.shape[1]
-        logits = np.asarray(self.llm.scores[self.llm.n_tokens - t:self.llm.n_tokens])
-        if cache is not None:
-            cache["n"] += t
-        return torch.from_numpy(logits.copy()).float()[None]  # [1, t, vocab]
+    return hosted(model_path, rope_scaling, dtype)
 
 
-def llamacpp_engine(model_path: str, rope_scaling: dict | None, dtype: torch.dtype) -> LlamaCppEngine:
-    """llama.cpp (through llama-cpp-python) on the GGUF file, RoPE scaling passed through its options."""
-    import llama_cpp
+def _llamacpp_support(rule: dict | None) -> str | None:
+    from .hosted import RuleNotImplemented, llamacpp_params
 
-    params, max_pos = split_scaling(rope_scaling)
-    kwargs: dict[str, Any] = {}
-    if params is not None and params.get("rope_type", "default") != "default":
-        kinds = {"linear": llama_cpp.LLAMA_ROPE_SCALING_TYPE_LINEAR, "yarn": llama_cpp.LLAMA_ROPE_SCALING_TYPE_YARN}
-        if params["rope_type"] not in kinds:
-            fail("rope_scaling", "default, linear or yarn for the llama-cpp engine", params["rope_type"])
-        kwargs = dict(rope_scaling_type=kinds[params["rope_type"]], rope_freq_scale=1.0 / float(params["factor"]),
-                      yarn_orig_ctx=int(params.get("original_max_position_embeddings") or max_pos or 0))
-    llm = llama_cpp.Llama(model_path=model_path, n_ctx=0, logits_all=True, verbose=False, n_threads=1,
-                          type_k=0, type_v=0, **kwargs)
-    return LlamaCppEngine(llm)
+    try:
+        llamacpp_params(rule)
+    except RuleNotImplemented as exc:
+        return str(exc).split(": ", 1)[-1]
+    return None
+
+
+def vllm_engine(model_path: str, rope_scaling: dict | None, dtype: torch.dtype) -> Any:
+    """vLLM's offline API in its own virtual environment (see `posenc.verify.engines.hosted.vllm_engine`)."""
+    from .hosted import vllm_engine as hosted
+
+    return hosted(model_path, rope_scaling, dtype)
+
+
+llamacpp_engine.rule_support = _llamacpp_support  # type: ignore[attr-defined]
+vllm_engine.protocol = "scoring"  # type: ignore[attr-defined]
 
 
 ENGINES: dict[str, Callable[..., Any]] = {
-    "posenc": posenc_engine, "transformers": transformers_engine, "llama-cpp": llamacpp_engine}
+    "posenc": posenc_engine, "transformers": transformers_engine, "llama-cpp": llamacpp_engine,
+    "vllm": vllm_engine}
 
 
 def load_factory(spec: str) -> Callable[..., Any]:
-    """`posenc | transformers | llama-cpp | MODULE:FACTORY` -> the factory callable.
+    """`posenc | transformers | llama-cpp | vllm | openai:URL | MODULE:FACTORY` -> the factory callable.
 
     Raises:
         PosencError: an unknown name, a module that does not import, or a missing or non-callable factory.
     """
     if spec in ENGINES:
         return ENGINES[spec]
+    if isinstance(spec, str) and spec.startswith("openai:"):
+        from .openai import openai_factory
+
+        return openai_factory(spec[len("openai:"):])
     if not isinstance(spec, str) or spec.count(":") != 1:
         fail("engine", f"one of {sorted(ENGINES)} or MODULE:FACTORY", spec)
     module_name, attr = spec.split(":")
