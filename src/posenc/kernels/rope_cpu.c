@@ -497,3 +497,11 @@ int64_t posenc_rope_packed(const int64_t *a) {
                             a[22], a[23], a[24], (int)a[25], (const float *)a[26], (const float *)a[27], a[28], a[29],
                             (const int64_t *)a[30], a[31], (int)a[32]);
 }
+
+/* ---- build key (posenc.kernels.build) ---------------------------------------------------------------------
+ * Which source, flags and CPU this library was built for, baked in with -DPOSENC_BUILD_KEY="..."; build.py
+ * loads an install-time build only when this matches its own key (-march=native makes the code CPU-specific). */
+#ifndef POSENC_BUILD_KEY
+#define POSENC_BUILD_KEY ""
+#endif
+const char *posenc_build_key(void) { return POSENC_BUILD_KEY; }
