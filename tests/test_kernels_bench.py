@@ -88,3 +88,12 @@ def test_bench_skips_ipex_cleanly_when_it_does_not_import(case, tmp_path, monkey
     found, notes = bench.providers(quick=True)
     assert not [p for p in found if p.name.startswith("ipex")]
     assert any(n.startswith(expected) for n in notes)
+
+
+def test_bench_header_says_which_cpu_kernel_runs(tmp_path, monkeypatch):
+    from posenc.kernels import build
+
+    monkeypatch.setitem(bench.SHAPES, "tiny 2x3x5x128 @40", (2, 3, 3, 5, 128, 40))
+    argv = ["bench", "--quick", "--shapes", "tiny", "--rounds", "1", "--dtypes", "float32", "--no-plot"]
+    assert main([*argv, "--out", str(tmp_path)]) == 0
+    assert f"- {build.describe()}" in (tmp_path / "rope_bench.md").read_text().splitlines()

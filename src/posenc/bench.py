@@ -277,7 +277,10 @@ def main(args: argparse.Namespace) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     rows, notes = run(names, dtypes, rounds, args.quick, clock=args.clock)
-    extra = [f"torch {torch.__version__}, {torch.get_num_threads()} thread, quick={args.quick}, clock={args.clock}"]
+    from .kernels import build
+
+    extra = [f"torch {torch.__version__}, {torch.get_num_threads()} thread, quick={args.quick}, clock={args.clock}",
+             build.describe()]
     if not args.quick:
         extra.append(f"torch.compile(Rope.apply, fullgraph=True) over 16 growing lengths: {recompiles()} graphs compiled")
     write_csv(rows, out / "rope_bench.csv")

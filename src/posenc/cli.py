@@ -81,10 +81,23 @@ def _plot(args: argparse.Namespace) -> int:
     return 0
 
 
+class _Version(argparse.Action):
+    """`--version`: the version and `kernels.build.describe()`, looked up only when asked (it may build)."""
+
+    def __init__(self, option_strings, dest, **kwargs):
+        super().__init__(option_strings, dest, nargs=0, **kwargs)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        from .kernels import build
+
+        print(f"posenc {__version__}\n{build.describe()}")
+        parser.exit()
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argparse parser of `posenc` (subcommands inspect, plot, verify and lab)."""
     parser = argparse.ArgumentParser(prog="posenc", description="Positional encodings of transformer checkpoints.")
-    parser.add_argument("--version", action="version", version=f"posenc {__version__}")
+    parser.add_argument("--version", action=_Version, help="print the version and which CPU kernel runs, then exit")
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("inspect", help="print a model's positional encoding and KV-cache memory",
                        description="Print the position scheme of a checkpoint config: head and rotary widths, pairing,"

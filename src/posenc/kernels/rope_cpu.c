@@ -554,3 +554,11 @@ int64_t posenc_rope(const RopeArgs *a) {
     }
     return 0;
 }
+
+/* ---- build key (posenc.kernels.build) ---------------------------------------------------------------------
+ * Which source, flags and CPU this library was built for, baked in with -DPOSENC_BUILD_KEY="..."; build.py
+ * loads an install-time build only when this matches its own key (-march=native makes the code CPU-specific). */
+#ifndef POSENC_BUILD_KEY
+#define POSENC_BUILD_KEY ""
+#endif
+const char *posenc_build_key(void) { return POSENC_BUILD_KEY; }
