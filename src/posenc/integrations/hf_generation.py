@@ -18,7 +18,14 @@ import torch
 from ..errors import Raw, fail
 from ..rope.mrope_positions import mrope_position_ids
 
-__all__ = ["generation_fixes", "official_rope_index"]
+__all__ = ["generation_fixes", "official_rope_index", "innermost"]
+
+
+def innermost(fn: Any) -> Any:
+    """The function inside `fn`'s decorators (`functools.wraps` chains), or a code-less stand-in."""
+    while hasattr(fn, "__wrapped__"):
+        fn = fn.__wrapped__
+    return fn if hasattr(fn, "__code__") else (lambda: None)
 
 
 def generation_fixes(model: Any, options: Any, what: str) -> list[tuple[Any, str, Any]]:
@@ -28,7 +35,7 @@ def generation_fixes(model: Any, options: Any, what: str) -> list[tuple[Any, str
         method = cls.__dict__.get("prepare_inputs_for_generation")
         if method is None:
             continue
-        if "original_max_position_embeddings" in getattr(method, "__code__", types.CodeType).co_names:
+        if "original_max_position_embeddings" in innermost(method).__code__.co_names:
             parent = super(cls, model).prepare_inputs_for_generation  # the cache-keeping generic version
             changes.append((model, "prepare_inputs_for_generation", parent))
         break

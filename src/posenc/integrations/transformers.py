@@ -28,7 +28,7 @@ from ..errors import Raw, choice, fail
 from ..kernels import IMPLS
 from ..rope.spec import Rope
 from .hf_decoder import Options, Positions, positions_forward, rotate, with_policy
-from .hf_generation import generation_fixes
+from .hf_generation import generation_fixes, innermost
 
 __all__ = ["patch", "unpatch", "is_patched", "POLICIES", "SUPPORTED_MODEL_TYPES"]
 
@@ -171,17 +171,11 @@ def _survey(model: Any, options: Options) -> list[tuple[Any, str, Any]]:
 
 def _attention_of(layer: Any, what: str, index: int) -> Any:
     """The one submodule of a decoder layer whose forward calls `apply_rotary_pos_emb`."""
-    found = [m for m in layer.modules() if ROTATION in _innermost(type(m).forward).__code__.co_names]
+    found = [m for m in layer.modules() if ROTATION in innermost(type(m).forward).__code__.co_names]
     if len(found) != 1:
         fail("model", f"one attention module calling {ROTATION} in each decoder layer",
              Raw(f"{what}, layer {index}: {len(found)}"))
     return found[0]
-
-
-def _innermost(fn: Any) -> Any:
-    while hasattr(fn, "__wrapped__"):
-        fn = fn.__wrapped__
-    return fn if hasattr(fn, "__code__") else (lambda: None)
 
 
 def _with_rotation(fn: Callable, rotation: Callable, what: str) -> Callable:
