@@ -156,3 +156,12 @@ def test_qwen2_vl_positions_follow_the_official_rule():
     patch(model, mrope_positions="transformers")
     kept, _ = model.model.get_rope_index(ids, types, video_grid_thw=grid)
     assert torch.equal(kept, stock)
+
+
+def test_importing_the_integration_does_not_import_transformers():
+    import subprocess
+    import sys
+
+    code = "import sys, posenc.integrations.transformers\nprint('transformers' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0 and out.stdout.strip() == "False", out.stderr
