@@ -165,3 +165,28 @@ def test_importing_the_integration_does_not_import_transformers():
     code = "import sys, posenc.integrations.transformers\nprint('transformers' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0 and out.stdout.strip() == "False", out.stderr
+
+
+@pytest.mark.parametrize("family", ["llama", "gemma3"])
+def test_bfloat16_rounds_as_transformers_does(family):
+    model = tiny_model(family, dtype=torch.bfloat16)
+    rotary = model.model.rotary_emb  # model.to(bfloat16) rounded its inv_freq buffers: rebuild them in float32
+    model.model.rotary_emb = type(rotary)(config=rotary.config)
+    with torch.no_grad():
+        stock = model(_ids()).logits
+        ours = patch(model)(_ids()).logits
+    assert torch.equal(ours, stock)
+
+
+def test_precision_and_impl_reach_the_rotation(monkeypatch):
+    seen = []
+    real_apply = posenc.Rope.apply
+    monkeypatch.setattr(posenc.Rope, "apply", lambda self, *a, **k: seen.append(k) or real_apply(self, *a, **k))
+    model = patch(tiny_model("llama"), precision="exact", impl="reference")
+    with torch.no_grad():
+        stock_free = model(_ids()).logits
+    assert seen and all(k["precision"] == "exact" and k["impl"] == "reference" for k in seen)
+    unpatch(model)
+    with torch.no_grad():
+        stock = model(_ids()).logits
+    assert (stock_free - stock).abs().max() < 1e-3  # exact phases: the same angles to float32 rounding here
