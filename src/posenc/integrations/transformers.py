@@ -158,12 +158,15 @@ def _survey(model: Any, options: Options) -> list[tuple[Any, str, Any]]:
                  "patch put one there)", Raw(f"{what}, layer {index}"))
         forward = _with_rotation(type(attn).forward, _rotation(ropes[index], options, what, index), what)
         changes.append((attn, "forward", types.MethodType(forward, attn)))
+    if "forward" in decoder.rotary_emb.__dict__ or "forward" in decoder.__dict__:
+        fail("model", "a decoder and rotary module without an instance-level forward", Raw(what))
     table = contextvars.ContextVar("posenc_table_len", default=None)  # this model's, set by its decoder forward
     changes.append((decoder.rotary_emb, "forward", positions_forward(table)))
     dependent = {i: r for i, r in enumerate(ropes) if r is not None and r.scaling.depends_on_length}
     if dependent:
-        if "forward" in decoder.__dict__:
-            fail("model", "a decoder module without an instance-level forward", Raw(what))
+        scalings = {r.scaling for r in dependent.values()}
+        if len(scalings) != 1:  # one table decision per forward
+            fail("model", "one length-dependent rule shared by the layers that use one", Raw(f"{what}: {scalings}"))
         changes.append((decoder, "forward", with_policy(decoder, dependent, options, table)))
     changes += generation_fixes(model, options, what)
     return changes
