@@ -1,8 +1,14 @@
 """posenc inside a transformers model: one call makes its positions exact under its cache, and fast.
 
-    >>> from posenc.integrations.transformers import patch, unpatch     # doctest: +SKIP
-    >>> model = patch(AutoModelForCausalLM.from_pretrained(path))       # doctest: +SKIP
-    >>> model.generate(input_ids, max_new_tokens=40)                    # doctest: +SKIP
+    >>> import torch, transformers
+    >>> cfg = transformers.LlamaConfig(vocab_size=32, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+    ...                                num_attention_heads=2)
+    >>> model, ids = transformers.LlamaForCausalLM(cfg).eval(), torch.tensor([[1, 2, 3]])
+    >>> stock = model(ids).logits
+    >>> torch.equal(patch(model)(ids).logits, stock)          # posenc rotates; the result is transformers'
+    True
+    >>> unpatch(model) is model
+    True
 
 `patch` changes one model instance, never transformers' modules: each attention layer gets its own
 `forward` (transformers' code, run with posenc's rotation in place of its module's `apply_rotary_pos_emb`),
