@@ -2,7 +2,7 @@
 the unpatched model (transformers' own rotation is the oracle), on tiny random configs of each family.
 
 Families: llama, qwen2, gemma3 (per-layer RoPE), phi3 (partial rotary, LongRoPE), smollm3 (a NoPE layer),
-phi (the attention slices the rotary channels) and qwen2_vl (M-RoPE).
+phi (the attention slices the rotary channels), glm and cohere (interleaved pairing) and qwen2_vl (M-RoPE).
 """
 
 import pytest

@@ -43,6 +43,10 @@ def _config(family: str, rope: dict | None, **extra):
         kw.pop("num_key_value_heads")
         return transformers.PhiConfig(**kw, rope_parameters=rope or {"rope_type": "default", "rope_theta": 10000.0,
                                                                   "partial_rotary_factor": 0.5})
+    if family == "glm":  # interleaved pairing on half the head
+        return transformers.GlmConfig(**kw, head_dim=16, pad_token_id=0)
+    if family == "cohere":  # interleaved pairing on the whole head
+        return transformers.CohereConfig(**kw, pad_token_id=0)
     if family == "qwen2_vl":
         text = {**kw, "rope_parameters": rope or {"rope_type": "default", "rope_theta": 10000.0,
                                                   "mrope_section": [2, 3, 3]}}
@@ -55,7 +59,7 @@ def _config(family: str, rope: dict | None, **extra):
     raise KeyError(family)
 
 
-FAMILIES = ("llama", "qwen2", "gemma3", "phi3", "smollm3", "phi", "qwen2_vl")
+FAMILIES = ("llama", "qwen2", "gemma3", "phi3", "smollm3", "phi", "glm", "cohere", "qwen2_vl")
 
 
 def tiny_model(family: str, rope: dict | None = None, dtype=torch.float32, seed: int = 0, **extra):
@@ -68,7 +72,7 @@ def tiny_model(family: str, rope: dict | None = None, dtype=torch.float32, seed:
     torch.manual_seed(seed)
     cls = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "gemma3": "Gemma3ForCausalLM",
            "phi3": "Phi3ForCausalLM", "smollm3": "SmolLM3ForCausalLM", "phi": "PhiForCausalLM",
-           "qwen2_vl": "Qwen2VLForConditionalGeneration"}[family]
+           "glm": "GlmForCausalLM", "cohere": "CohereForCausalLM", "qwen2_vl": "Qwen2VLForConditionalGeneration"}[family]
     model = getattr(transformers, cls)(config)
     with torch.no_grad():  # larger weights than the default init: sharper attention, position errors show
         for p in model.parameters():

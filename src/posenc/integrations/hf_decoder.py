@@ -49,11 +49,21 @@ def positions_forward(table: contextvars.ContextVar) -> Callable:
 
 
 def rotate(rope: Rope, q: torch.Tensor, k: torch.Tensor, position_ids: torch.Tensor, options: Options,
-           seq_len: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """q and k rotated at `position_ids` by posenc, rounding as transformers does."""
-    # float32/float64: one rounding, which is what transformers computes; bf16/fp16: transformers rounds the
-    # tables and each product to the model's dtype, so the default does too (compute_dtype=q.dtype)
+           seq_len: int | None = None, float32: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """q and k rotated at `position_ids` by posenc, rounding as transformers does.
+
+    float32/float64 models: posenc's default (float32, float64 for float64 input) is what transformers computes.
+    bf16/fp16: transformers rounds the tables and each product to the model's dtype, so this does too
+    (`compute_dtype=q.dtype`) unless an `impl` is named. `float32`: the family casts q and k to float32 before
+    multiplying by tables of the model's dtype (Cohere): a float64 model rotates float32-rounded q and k in
+    float64, reproduced here; in bf16/fp16 its tables are rounded to bf16 while the products are float32,
+    which posenc does not reproduce (its float32 tables are not rounded).
+    """
     compute = q.dtype if q.dtype in (torch.bfloat16, torch.float16) and options.impl is None else None
+    if float32:
+        compute = None
+        if q.dtype == torch.float64:
+            q, k = q.float().double(), k.float().double()
     return rope.apply(q, k, position_ids, seq_len=seq_len, precision=options.precision, impl=options.impl,
                       compute_dtype=compute)
 

@@ -50,6 +50,7 @@ SUPPORTED_MODEL_TYPES = (
     "cohere", "cohere2", "glm", "glm4", "phi", "phi3", "stablelm", "persimmon", "gpt_neox", "gpt_oss",
     "qwen2_vl", "qwen2_vl_text", "qwen2_5_vl", "qwen2_5_vl_text",
 )
+FLOAT32_ROTATION = ("cohere", "cohere2")  # their apply_rotary_pos_emb casts q and k to float32 for any dtype
 
 
 @dataclasses.dataclass
@@ -162,7 +163,7 @@ def _survey(model: Any, options: Options) -> list[tuple[Any, str, Any]]:
         if "forward" in attn.__dict__:
             fail("model", "attention modules without an instance-level forward (accelerate hooks or another "
                  "patch put one there)", Raw(f"{what}, layer {index}"))
-        forward = _with_rotation(type(attn).forward, _rotation(ropes[index], options, what, index), what)
+        forward = _with_rotation(type(attn).forward, _rotation(ropes[index], options, what, index, model_type in FLOAT32_ROTATION), what)
         changes.append((attn, "forward", types.MethodType(forward, attn)))
     if "forward" in decoder.rotary_emb.__dict__ or "forward" in decoder.__dict__:
         fail("model", "a decoder and rotary module without an instance-level forward", Raw(what))
@@ -218,7 +219,7 @@ def _content(cell: Any) -> Any:
         return None
 
 
-def _rotation(rope: Rope | None, options: Options, what: str, index: int) -> Callable:
+def _rotation(rope: Rope | None, options: Options, what: str, index: int, float32: bool) -> Callable:
     """posenc's `apply_rotary_pos_emb(q, k, cos, sin)` for one layer; `cos` carries the positions."""
     narrow = None if rope is None or rope.rotary_dim == rope.head_dim else dataclasses.replace(rope, head_dim=rope.rotary_dim)
 
@@ -232,7 +233,7 @@ def _rotation(rope: Rope | None, options: Options, what: str, index: int) -> Cal
         use = rope if width == rope.head_dim else narrow
         if not isinstance(cos, Positions):
             fail("position_embeddings", "the positions posenc's patched rotary module returns", type(cos))
-        return rotate(use, q, k, _axes(rope, cos.position_ids), options, cos.seq_len)
+        return rotate(use, q, k, _axes(rope, cos.position_ids), options, cos.seq_len, float32)
 
     return apply_rotary_pos_emb
 
