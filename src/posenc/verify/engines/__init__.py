@@ -30,7 +30,8 @@ import torch
 
 from ...errors import fail
 
-__all__ = ["ENGINES", "load_factory", "posenc_engine", "transformers_engine", "llamacpp_engine", "vllm_engine",
+__all__ = ["ENGINES", "load_factory", "posenc_engine", "transformers_engine", "transformers_patched_engine",
+           "llamacpp_engine", "vllm_engine",
            "split_scaling", "model_config"]
 
 
@@ -134,6 +135,17 @@ def transformers_engine(model_path: str, rope_scaling: dict | None, dtype: torch
 
     logging.set_verbosity_error()
     return TransformersEngine(to_transformers(posenc_engine(model_path, rope_scaling, dtype)))
+
+
+def transformers_patched_engine(model_path: str, rope_scaling: dict | None, dtype: torch.dtype,
+                                policy: str = "recompute") -> TransformersEngine:
+    """`transformers_engine` with `posenc.integrations.transformers.patch(model, policy=policy)` applied
+    (`posenc verify --engine transformers --patch`)."""
+    from ...integrations.transformers import patch
+
+    engine = transformers_engine(model_path, rope_scaling, dtype)
+    patch(engine.model, policy=policy)
+    return engine
 
 
 def llamacpp_engine(model_path: str, rope_scaling: dict | None, dtype: torch.dtype) -> Any:

@@ -1,0 +1,96 @@
+"""Stock transformers vs the same model patched by `posenc.integrations.transformers.patch`, on SmolLM2-135M.
+
+Two `LlamaForCausalLM` instances on the very same tensors (posenc's loader, `to_transformers`), one of them
+patched (default rule, policy recompute). Per repeat each runs a prefill of N real tokens and greedy decode
+steps through a `DynamicCache`; the two alternate, and which goes first alternates, so machine load hits
+both alike. 1 thread by default. Writes tidy CSV rows (provider, phase, tokens, p20/p50/p80 ms) and prints
+the median ratio patched / stock (< 1: the patched model is faster). Not a test: compare ratios.
+
+    python benchmarks/transformers_patch.py --tokens 256 --decode 32 --repeats 7
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+
+def run(model, ids, steps):
+    """`(prefill seconds, seconds per decode step, generated tokens)`."""
+    from transformers import DynamicCache
+
+    cache = DynamicCache(config=model.config)
+    start = time.perf_counter()
+    out = model(ids, cache=cache, use_cache=True)
+    prefill = time.perf_counter() - start
+    token, tokens = out.logits[:, -1:].argmax(-1), []
+    start = time.perf_counter()
+    for _ in range(steps):
+        token = model(token, cache=cache, use_cache=True).logits[:, -1:].argmax(-1)
+        tokens.append(int(token))
+    return prefill, (time.perf_counter() - start) / steps, tokens
+
+
+def quantiles(values):
+    q = statistics.quantiles(values, n=10, method="inclusive") if len(values) > 1 else values * 9
+    return q[1], statistics.median(values), q[7]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--tokens", type=int, default=256, help="prefill length (real text)")
+    parser.add_argument("--decode", type=int, default=32, help="greedy decode steps per repeat")
+    parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--out", default=str(Path(__file__).parent / "results" / "transformers_patch.csv"))
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+
+    import pydoc_data.topics
+
+    from posenc.integrations.transformers import patch
+    from posenc.models import Decoder, embedded_model_path, load_tokenizer, to_transformers
+
+    path = embedded_model_path()
+    decoder = Decoder.from_pretrained(path)
+    stock, patched = to_transformers(decoder), patch(to_transformers(decoder))
+    topics = pydoc_data.topics.topics
+    text = "\n".join(topics[k] for k in sorted(topics))
+    ids = torch.tensor([load_tokenizer(path).encode(text[: args.tokens * 8])[: args.tokens]])
+    models = {"transformers": stock, "transformers+posenc": patched}
+    times = {(name, phase): [] for name in models for phase in ("prefill", "decode")}
+    outputs = {}
+    with torch.no_grad():
+        for name, model in models.items():  # warm-up (and the kernel build) outside the timings
+            run(model, ids[:, :16], 2)
+        for r in range(args.repeats):
+            order = list(models) if r % 2 == 0 else list(models)[::-1]
+            for name in order:
+                prefill, step, tokens = run(models[name], ids, args.decode)
+                times[name, "prefill"].append(prefill)
+                times[name, "decode"].append(step)
+                outputs[name] = tokens
+            print(f"repeat {r + 1}/{args.repeats}", flush=True)
+    if outputs["transformers"] != outputs["transformers+posenc"]:
+        raise SystemExit("the patched model generated other tokens than stock transformers")
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    with open(args.out, "w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(["provider", "phase", "tokens", "threads", "p20_ms", "p50_ms", "p80_ms"])
+        for (name, phase), values in times.items():
+            writer.writerow([name, phase, args.tokens, args.threads, *(f"{1e3 * v:.3f}" for v in quantiles(values))])
+    print(f"\nSmolLM2-135M fp32, {args.threads} thread(s), prefill {args.tokens} tokens, decode {args.decode} steps "
+          f"after it, {args.repeats} alternating repeats (median ms)")
+    for phase in ("prefill", "decode"):
+        a, b = (statistics.median(times[n, phase]) for n in models)
+        print(f"{phase:8s} transformers {1e3 * a:8.2f}   patched {1e3 * b:8.2f}   patched/stock {b / a:.3f}")
+    print(f"rows: {args.out}")
+
+
+if __name__ == "__main__":
+    main()
