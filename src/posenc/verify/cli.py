@@ -68,6 +68,7 @@ def check_outputs(args: argparse.Namespace) -> None:
 def run(args: argparse.Namespace) -> int:
     import torch
 
+    from ..errors import Raw, fail
     from ..models import embedded_model_path
     from .checks.common import BUDGETS
     from .engines import load_factory
