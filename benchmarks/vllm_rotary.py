@@ -31,14 +31,12 @@ CASES = {  # name -> (sequences, tokens each, first position)
 HEADS, DIM = 32, 128
 
 
-def median_ms(fn, rounds: int, inner: int) -> list[float]:
-    out = []
-    for _ in range(rounds):
-        start = time.perf_counter()
-        for _ in range(inner):
-            fn()
-        out.append((time.perf_counter() - start) / inner * 1e3)
-    return out
+def round_ms(fn, inner: int) -> float:
+    """Milliseconds per call over `inner` back-to-back calls."""
+    start = time.perf_counter()
+    for _ in range(inner):
+        fn()
+    return (time.perf_counter() - start) / inner * 1e3
 
 
 def case(name: str, dtype: torch.dtype, threads: int, rounds: int, ops) -> dict:
@@ -56,11 +54,11 @@ def case(name: str, dtype: torch.dtype, threads: int, rounds: int, ops) -> dict:
     pos = (torch.arange(t) + start).expand(seqs, t).contiguous()  # [b, t]
     flat_pos = pos.reshape(-1)
     cache = torch.cat((table.cos, table.sin), -1).to(dtype)  # [max_pos, d], vLLM's cos|sin cache
-    floor = (lambda: (q.copy_(src_q), k.copy_(src_k)))
-    posenc_fn = (lambda: rope.apply_(q, k, pos, layout="bthd", table=table))
-    vllm_fn = (lambda: ops.rotary_embedding(flat_pos, vq, vk, DIM, cache, True))
+    floor = lambda: (q.copy_(src_q), k.copy_(src_k))  # noqa: E731
+    posenc_fn = lambda: rope.apply_(q, k, pos, layout="bthd", table=table)  # noqa: E731
+    vllm_fn = lambda: ops.rotary_embedding(flat_pos, vq, vk, DIM, cache, True)  # noqa: E731
     # errors against a float64 rotation of the same inputs (one call each)
-    exact = posenc.Rope(head_dim=DIM).apply(src_q.double(), src_k.double(), pos, layout="bthd", impl="reference")
+    exact = rope.apply(src_q.double(), src_k.double(), pos, layout="bthd", impl="reference")
     q.copy_(src_q), k.copy_(src_k)
     posenc_fn()
     vq.copy_(src_q.view_as(vq)), vk.copy_(src_k.view_as(vk))
@@ -71,7 +69,7 @@ def case(name: str, dtype: torch.dtype, threads: int, rounds: int, ops) -> dict:
     times = {"copy": [], "vllm": [], "posenc": []}
     for _ in range(rounds):  # alternating: the three see the same machine state
         for key, fn in (("copy", floor), ("vllm", vllm_fn), ("posenc", posenc_fn)):
-            times[key] += median_ms(fn, 1, inner)
+            times[key].append(round_ms(fn, inner))
     med = {key: statistics.median(v) for key, v in times.items()}
     return {"case": name, "dtype": str(dtype).replace("torch.", ""), "threads": threads,
             "copy_ms": med["copy"], "vllm_x_copy": med["vllm"] / med["copy"], "posenc_x_copy": med["posenc"] / med["copy"],

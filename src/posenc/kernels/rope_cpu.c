@@ -1,7 +1,7 @@
 /* RoPE on CPU: q and k rotated in one call, in place or into output buffers, one pass over memory.
  *
- * Built lazily by posenc/kernels/cpu.py with the system C compiler (-O3, -ffp-contract=off) and called
- * through ctypes. The arithmetic is the reference's (posenc/rope/apply.py), operation for operation:
+ * Built at install (setup.py) or on first use (posenc/kernels/build.py) with the system C compiler (-O3,
+ * -ffp-contract=off) and called through ctypes (posenc/kernels/cpu.py). The arithmetic is the reference's (posenc/rope/apply.py), operation for operation:
  * fp32 products, no fused multiply-add, one rounding to the storage dtype (round to nearest even), so
  * the results are bit-identical to the reference.
  *

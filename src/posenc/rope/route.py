@@ -136,8 +136,8 @@ def rotate(q: torch.Tensor, k: torch.Tensor | None, cos: torch.Tensor, sin: torc
     if k is not None and k.dtype != q.dtype:  # one kernel call per dtype
         opts = dict(inplace=inplace, impl=name, layout=layout, compute_dtype=compute_dtype, rows_arg=rows_arg)
         return rotate(q, None, cos, sin, rows, pairing, **opts)[0], rotate(k, None, cos, sin, rows, pairing, **opts)[0]
-    xs = [x for x in (q, k) if x is not None]
     if name in ("reference", "compiled"):
+        xs = [x for x in (q, k) if x is not None]
         if rows is not None:
             check_rows(rows, cos.shape[0], rows_arg)
             cos, sin = cos[rows], sin[rows]  # [t, r/2] or [b, t, r/2]
@@ -186,7 +186,7 @@ def rotate(q: torch.Tensor, k: torch.Tensor | None, cos: torch.Tensor, sin: torc
 
 
 def _kernel_refused(ret: int, rows: torch.Tensor, n: int, rows_arg: str):
-    if ret == cpu.BAD_ARGUMENTS:
-        raise RuntimeError("posenc cpu kernel refused its arguments (a bug: the router checks them)")
-    fail(rows_arg, f"positions in [0, {n}) (the rows of the table)",
-         Raw(f"values in [{int(rows.min())}, {int(rows.max())}]"))
+    """The kernel wrote nothing: a row outside the table (raised by `check_rows`, by name) or a bug."""
+    if ret != cpu.BAD_ARGUMENTS:
+        check_rows(rows, n, rows_arg)
+    raise RuntimeError(f"posenc cpu kernel refused its arguments (code {ret}; a bug: the router checks them)")
