@@ -213,7 +213,7 @@ class Decoder(nn.Module):
 
     # ---------------------------------------------------------------- cache
     def new_cache(self, batch_size: int, capacity: int | None = None, store: str = "rotated",
-                  policy: str = "recompute") -> KVCache:
+                  policy: str = "recompute", *, block_size: int | None = None) -> KVCache:
         """An empty `KVCache` for this model (its dtype, device, heads and RoPE).
 
         Args:
@@ -221,11 +221,12 @@ class Decoder(nn.Module):
             capacity: slots per row (prompt + generated tokens; a full cache raises PosencError saying
                 how to size it), or None to grow on demand (doubling; amortised O(1) per token).
             store: "rotated" or "unrotated" keys. policy: "recompute", "rerotate", "freeze" or "refuse".
+            block_size: None (contiguous rows) or slots per block of paged storage (forks share blocks).
         """
         weight = self.embed_tokens.weight
         return KVCache(len(self.layers), batch_size, self.num_kv_heads, self.head_dim, capacity, rope=self.rope,
                        store=store, policy=policy, dtype=weight.dtype, device=weight.device,
-                       absolute=self.kind == "absolute")
+                       absolute=self.kind == "absolute", block_size=block_size)
 
     # ---------------------------------------------------------------- forward
     def forward(self, input_ids: torch.Tensor, *, position_ids: torch.Tensor | None = None,
