@@ -19,9 +19,9 @@ from typing import Any
 
 import torch
 
-from ..errors import Raw, fail, positions as check_positions
+from ..errors import Raw, check_float_tensor, fail, integer_tensor, positions as check_positions
 
-__all__ = ["refuse_unless", "check_new_positions"]
+__all__ = ["refuse_unless", "check_new_positions", "check_write"]
 
 
 def refuse_unless(ok: torch.Tensor, arg: str, expected: str, explain: Callable[[], tuple[str, Any]]) -> None:
@@ -101,3 +101,25 @@ def check_new_positions(positions: Any, mask: Any, last: torch.Tensor, free: tor
 
         refuse_unless((count <= free).all(), p_arg, "new tokens that fit in each row's free slots", room)
     return mask
+
+
+def check_write(k: Any, v: Any, slots: Any, sizes: tuple[int, int, int, int], lengths: torch.Tensor) -> None:
+    """Check one layer's write: `k [b, hk, t, d]`, `v [b, hk, t, dv]` on the cache's device, `slots [b, t]` reserved.
+
+    Args:
+        sizes: the cache's `(b, hk, d, dv)`. lengths: `[b]` filled slots per row (slots must be -1 or below).
+    Raises:
+        PosencError: naming `k`, `v` or `slots` (shapes on the host; slot values on the device, no host sync).
+    """
+    b, hk, d, dv = sizes
+    slots = integer_tensor("slots", slots, ndim=(2,), what=f"an integer tensor [b={b}, t] from reserve")
+    t, device = slots.shape[1], lengths.device
+    for arg, x, width in (("k", k, d), ("v", v, dv)):
+        check_float_tensor(arg, x, ndim=(4,))
+        if tuple(x.shape) != (b, hk, t, width) or x.device != device:
+            fail(arg, f"shape [{b}, {hk}, {t}, {width}] on {device} (rows, heads, slots' tokens, channels)", x)
+    what = "[b={}, t] slots from reserve (-1, or below each row's length {})"
+    if slots.shape[0] != b:
+        fail("slots", what.format(b, "lengths"), slots)
+    ok = ((slots >= -1) & (slots < lengths[:, None])).all()
+    refuse_unless(ok, "slots", what.format(b, "lengths"), lambda: (what.format(b, lengths.tolist()), slots))

@@ -14,11 +14,10 @@ The class holds the bookkeeping (positions, tokens, lengths, table_len) and one 
 (`storage.py`: contiguous; `paged.py`: blocks with a block table per row, `block_size=`). What happens
 when a row's table changes is `policy.py` (the `policy`: "recompute", "rerotate", "freeze", "refuse");
 windows, sinks, rollback, beam reorder and moves are `edit.py`. Every edit works in place: a tensor a
-caller holds (`positions`, `lengths`, a store's `read()` view) stays the cache's own; only `grow`
-reallocates. Appending to a fixed-capacity cache (`reserve`, `write`, `read` with a width) makes no host sync.
-
-A cache of absolute position embeddings (`absolute=True`) cannot relabel slots: `move` and
-`keep_recent(shift=True)` refuse, since only a re-run of the tokens could move them.
+caller holds (`positions`, `lengths`, a store's `read()` view) stays the cache's own; only `grow` and a
+`reorder` to another batch size reallocate. Appending to a fixed-capacity cache (`reserve`, `write`, `read`
+with a width) makes no host sync. A cache of absolute position embeddings (`absolute=True`) cannot
+relabel slots: `move` and `keep_recent(shift=True)` refuse (only a re-run of the tokens could move them).
 
     >>> import torch, posenc
     >>> cache = KVCache(1, 1, 1, 4, capacity=8, rope=posenc.Rope(head_dim=4))
@@ -34,10 +33,10 @@ from typing import Any
 import torch
 
 from . import edit, policy as policies
-from .checks import check_new_positions, refuse_unless
+from .checks import check_new_positions, check_write
 from .paged import BlockTable, PagedStore
 from .storage import ContiguousStore, KVStore
-from ..errors import boolean, check_float_tensor, choice, fail, integer, integer_tensor, positions as check_positions
+from ..errors import boolean, choice, fail, integer, positions as check_positions
 from ..rope import route
 from ..rope.rerotate import row_tables
 from ..rope.spec import Rope
@@ -246,7 +245,7 @@ class KVCache:
                 (-1, or below each row's length). Nothing is written then.
         """
         layer = self._layer(layer)
-        self._check_write(k, v, slots)
+        check_write(k, v, slots, (self.batch_size, self.num_kv_heads, self.head_dim, self.value_dim), self.lengths)
         if rotated and not self.rotates_at_write:
             fail("rotated", "False for a cache that stores keys unrotated (or has no rope)", rotated)
         if self.rotates_at_write and not rotated:
@@ -261,21 +260,6 @@ class KVCache:
         """`(rows [b * t], slots [b * t])`: the row and slot of every entry of `slots [b, t]` (no host sync)."""
         rows = torch.arange(slots.shape[0], device=slots.device)[:, None].expand(slots.shape)  # [b, t]
         return rows.flatten(), slots.flatten()
-
-    def _check_write(self, k: Any, v: Any, slots: Any) -> None:
-        b, hk, device = self.batch_size, self.num_kv_heads, self.positions.device
-        slots = integer_tensor("slots", slots, ndim=(2,), what=f"an integer tensor [b={b}, t] from reserve")
-        t = slots.shape[1]
-        for arg, x, width in (("k", k, self.head_dim), ("v", v, self.value_dim)):
-            check_float_tensor(arg, x, ndim=(4,))
-            if tuple(x.shape) != (b, hk, t, width) or x.device != device:
-                fail(arg, f"shape [{b}, {hk}, {t}, {width}] on {device} (rows, heads, slots' tokens, channels)", x)
-        what = "[b={}, t] slots from reserve (-1, or below each row's length {})"
-        if slots.shape[0] != b:
-            fail("slots", what.format(b, "lengths"), slots)
-        ok = ((slots >= -1) & (slots < self.lengths[:, None])).all()
-        refuse_unless(ok, "slots", what.format(b, "lengths"),
-                      lambda: (what.format(b, self.lengths.tolist()), slots))
 
     # ---------------------------------------------------------------- reading
     def tables(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -305,35 +289,12 @@ class KVCache:
             k = route.rotate(k, None, cos, sin, None, self.rope.pairing)[0]  # [b, hk, w, d]
         return k, v
 
-    # ---------------------------------------------------------------- tables, policies and edits
-    def table_changes(self, seq_lens: torch.Tensor) -> torch.Tensor:
-        """`[b]` bool: filled rows whose table at `seq_lens` differs from the one their keys use."""
-        return policies.table_changes(self, seq_lens)
-
-    def retable(self, seq_lens: torch.Tensor) -> torch.Tensor:
-        """Move each row to the table of `seq_lens [b]` under this cache's policy; see `policy.retable`."""
-        return policies.retable(self, seq_lens)
-
-    def clear(self, rows: torch.Tensor | None = None) -> None:
-        """Empty the given rows (`[b]` bool; default all)."""
-        edit.clear(self, rows)
-
-    def keep(self, keep: torch.Tensor) -> None:
-        """Keep the filled slots where `keep [b, capacity]` is True, compacted in order; drop the rest."""
-        edit.keep(self, keep)
-
-    def rollback(self, n: int | torch.Tensor) -> None:
-        """Drop the last `n` tokens of each row (`n` int or `[b]`), e.g. rejected speculative tokens."""
-        edit.rollback(self, n)
-
-    def reorder(self, index: torch.Tensor) -> None:
-        """Rows become `old_rows[index]` (beam search, forks); paged storage moves block tables only."""
-        edit.reorder(self, index)
-
-    def keep_recent(self, window: int, sinks: int = 0, *, shift: bool = False) -> None:
-        """Keep the first `sinks` and last `window` tokens of each row (StreamingLLM); see `edit.keep_recent`."""
-        edit.keep_recent(self, window, sinks, shift=shift)
-
-    def move(self, new_positions: torch.Tensor) -> None:
-        """Give filled slots new positions (`[b, capacity]`, increasing per row), re-rotating keys; see `edit.move`."""
-        edit.move(self, new_positions)
+    # ---------------------------------------------------------------- tables, policies and edits (functions over the cache)
+    table_changes = policies.table_changes
+    retable = policies.retable
+    clear = edit.clear
+    keep = edit.keep
+    rollback = edit.rollback
+    reorder = edit.reorder
+    keep_recent = edit.keep_recent
+    move = edit.move

@@ -141,6 +141,11 @@ class PagedStore:
     def nbytes(self) -> int:
         return self._k.nbytes + self._v.nbytes
 
+    @property
+    def pools(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The block pools themselves, `k [num_blocks + 1, block_size, hk, d]` and `v` (last block: scratch)."""
+        return self._k, self._v
+
     def read(self) -> tuple[torch.Tensor, torch.Tensor]:
         out = []
         for pool in (self._k, self._v):
