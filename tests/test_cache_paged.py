@@ -134,3 +134,39 @@ def test_edits_keep_the_tensors_a_caller_holds(block_size):
     assert held[1].tolist() == [3, 3, 3] and held[0][:, :3].tolist() == [[3, 4, 5]] * 3
     if block_size is None:
         assert torch.equal(views[1], cache.read(1, width=8)[0])  # the view shows the edited keys
+
+
+@pytest.mark.parametrize("store", ["rotated", "unrotated"])
+@torch.no_grad()
+def test_decoder_logits_on_paged_storage_equal_contiguous_bit_for_bit(store):
+    cfg = {"vocab_size": 30, "hidden_size": 16, "num_hidden_layers": 2, "num_attention_heads": 4,
+           "num_key_value_heads": 2, "intermediate_size": 24}
+    model = posenc.models.Decoder.from_hf_config(cfg, seed=0).double().eval()
+    ids, mask = torch.tensor([[1, 2, 3, 4, 5], [0, 0, 6, 7, 8]]), torch.tensor([[1] * 5, [0, 0, 1, 1, 1]])
+    logits = []
+    for block_size in (None, 2):
+        cache = model.new_cache(2, 9, store=store, block_size=block_size)
+        out = [model(ids, attention_mask=mask, cache=cache)]
+        cache.reorder(torch.tensor([1, 1]))  # two samples of row 1
+        out += [model(torch.tensor([[9], [10]]), cache=cache), model(torch.tensor([[11], [12]]), cache=cache)]
+        cache.rollback(torch.tensor([1, 0]))
+        out.append(model(torch.tensor([[13, 14], [15, 16]]), cache=cache))
+        logits.append(out)
+    assert all(torch.equal(a, b) for a, b in zip(*logits))
+
+
+@pytest.mark.parametrize("block_size", [None, 3])
+def test_update_writes_then_reads_up_to_the_high_water_mark(block_size):
+    """`update` (gpt-fast's form) == `write` then `read` over the host-side bound `read_width`, which equals the width."""
+    cache, twin = filled(block_size, t=4), filled(block_size, t=4)
+    g = torch.Generator().manual_seed(3)
+    k, v = torch.randn(3, 2, 2, 4, generator=g, dtype=F64), torch.randn(3, 2, 2, 4, generator=g, dtype=F64)
+    mask = torch.tensor([[True, True], [False, True], [True, True]])
+    positions = torch.tensor([[4, 5], [0, 4], [6, 9]])
+    got = cache.update(0, cache.reserve(positions, mask), k, v)
+    twin.write(0, k, v, twin.reserve(positions, mask))
+    expected = twin.read(0)
+    assert cache.read_width == cache.width == 6 and got[0].shape == (3, 2, 6, 4)
+    assert torch.equal(got[0], expected[0]) and torch.equal(got[1], expected[1])
+    cache.rollback(torch.tensor([3, 1, 5]))
+    assert cache.read_width == cache.width == 4  # an edit narrows the bound again

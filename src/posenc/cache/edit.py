@@ -18,7 +18,26 @@ from .policy import rerotate_rows
 if TYPE_CHECKING:
     from .kvcache import KVCache
 
-__all__ = ["own_slots", "clear", "keep", "rollback", "reorder", "keep_recent", "move"]
+__all__ = ["grow", "own_slots", "clear", "keep", "rollback", "reorder", "keep_recent", "move"]
+
+
+def grow(cache: "KVCache", capacity: int) -> None:
+    """Enlarge every row to `capacity` slots (at least the current one); filled slots are unchanged.
+
+    It reallocates (as only a `reorder` to another batch size also does): tensors taken before go stale.
+    """
+    capacity = integer("capacity", capacity, min=cache.capacity,
+                       what=f"an integer >= the current capacity {cache.capacity}")
+    extra = capacity - cache.capacity
+    if extra == 0:
+        return
+    if cache.pages is not None:
+        cache.pages.grow(capacity)
+    for store in cache.stores:
+        store.grow(capacity)
+    pad = torch.nn.functional.pad
+    cache.positions = pad(cache.positions, (0, extra), value=-1)  # [b, capacity]
+    cache.tokens = pad(cache.tokens, (0, extra), value=-1)
 
 
 def own_slots(cache: "KVCache", rows: torch.Tensor, slots: torch.Tensor) -> None:
@@ -52,6 +71,7 @@ def clear(cache: "KVCache", rows: torch.Tensor | None = None) -> None:
     cache.positions.masked_fill_(rows[:, None], -1)
     cache.tokens.masked_fill_(rows[:, None], -1)
     cache.lengths.masked_fill_(rows, 0)
+    cache.high_water = cache.width
     cache.table_len.masked_fill_(rows, 0)
 
 
@@ -69,6 +89,7 @@ def keep(cache: "KVCache", keep: torch.Tensor) -> None:
     cache.positions.copy_(cache.positions.gather(1, order).masked_fill(~kept, -1))
     cache.tokens.copy_(cache.tokens.gather(1, order).masked_fill(~kept, -1))
     cache.lengths.copy_(keep.sum(dim=1))
+    cache.high_water = cache.width  # an edit may sync (appends do not): reads narrow to the longest row again
 
 
 def rollback(cache: "KVCache", n: int | torch.Tensor) -> None:

@@ -107,6 +107,7 @@ class KVCache:
         self.tokens = torch.full((batch_size, capacity), -1, dtype=torch.long, device=device)
         self.lengths = torch.zeros(batch_size, dtype=torch.long, device=device)
         self.table_len = torch.zeros(batch_size, dtype=torch.long, device=device)
+        self.high_water = 0  # host-side bound on lengths.max(), kept without a sync: reserve adds t, edits lower it
 
     # ---------------------------------------------------------------- facts
     @property
@@ -141,13 +142,18 @@ class KVCache:
         """Slots a read covers: the longest row's length (one host sync)."""
         return int(self.lengths.max()) if self.batch_size else 0
 
+    @property
+    def read_width(self) -> int:
+        """Slots a read must cover, known on the host (no sync): at least `width`, equal to it unless some
+        call padded every row at once or a reorder dropped the longest row."""
+        return min(self.high_water, self.capacity)
+
     def next_positions(self) -> torch.Tensor:
         """`[b]` int64: one past each row's last cached position (0 for an empty row)."""
         return self.positions.max(dim=1).values.clamp(min=-1) + 1
 
     def valid(self) -> torch.Tensor:
-        """`[b, capacity]` bool: filled slots."""
-        return self.positions >= 0
+        return self.positions >= 0  # [b, capacity] bool: filled slots
 
     def __repr__(self) -> str:
         paged = "" if self.pages is None else f", block_size={self.pages.block_size}"
@@ -173,24 +179,6 @@ class KVCache:
         free = None if self.growable else self.capacity - self.lengths
         return check_new_positions(positions, mask, self.next_positions() - 1, free, capacity=self.capacity,
                                    lengths=self.lengths)
-
-    def grow(self, capacity: int) -> None:
-        """Enlarge every row to `capacity` slots (at least the current one); filled slots are unchanged.
-
-        The one call that reallocates: `positions`, `tokens` and stores' views taken before it go stale.
-        """
-        capacity = integer("capacity", capacity, min=self.capacity,
-                           what=f"an integer >= the current capacity {self.capacity}")
-        extra = capacity - self.capacity
-        if extra == 0:
-            return
-        if self.pages is not None:
-            self.pages.grow(capacity)
-        for store in self.stores:
-            store.grow(capacity)
-        pad = torch.nn.functional.pad
-        self.positions = pad(self.positions, (0, extra), value=-1)  # [b, capacity]
-        self.tokens = pad(self.tokens, (0, extra), value=-1)
 
     def reserve(self, positions: torch.Tensor, mask: torch.Tensor | None = None,
                 tokens: torch.Tensor | None = None) -> torch.Tensor:
@@ -225,6 +213,7 @@ class KVCache:
                 wide = torch.nn.functional.pad(held, (0, 1))  # [b, capacity + 1]
                 held.copy_(wide.scatter_(1, spill, new.to(held.device).long())[:, :-1])
         self.lengths += mask.sum(dim=1)
+        self.high_water += positions.shape[1]
         return slots
 
     def write(self, layer: int, k: torch.Tensor, v: torch.Tensor, slots: torch.Tensor,
@@ -289,7 +278,18 @@ class KVCache:
             k = route.rotate(k, None, cos, sin, None, self.rope.pairing)[0]  # [b, hk, w, d]
         return k, v
 
+    def update(self, layer: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, cos: Any = None,
+               sin: Any = None, index: Any = None, rotated: bool = False,
+               key_tables: Any = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """gpt-fast's `update`: `write` the new entries, then `read` the first `read_width` slots (no host sync).
+
+        Returns: `(k [b, hk, w, d], v [b, hk, w, dv])`, `w = read_width`; pair with `positions[:, :w]`.
+        """
+        self.write(layer, k, v, slots, cos, sin, index, rotated=rotated)
+        return self.read(layer, key_tables, self.read_width)
+
     # ---------------------------------------------------------------- tables, policies and edits (functions over the cache)
+    grow = edit.grow
     table_changes = policies.table_changes
     retable = policies.retable
     clear = edit.clear

@@ -290,7 +290,7 @@ class Decoder(nn.Module):
                 cos, sin = row_tables(self.rope, positions, seq_lens)  # [b, t, r/2]
         else:
             slots = cache.reserve(positions, mask, ids)  # [b, t]
-            width = cache.width if cache.growable else cache.capacity  # a fixed capacity reads all: no host sync
+            width = cache.read_width  # a host-side bound of the longest row: no sync
             key_positions = cache.positions[:, :width]  # [b, w]
             key_mask = key_positions >= 0
             index = cache.write_index(slots)
