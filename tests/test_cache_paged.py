@@ -10,6 +10,7 @@ import torch
 import posenc
 from posenc import PosencError
 from posenc.cache import KVCache
+from conftest import assert_close
 
 F64 = torch.float64
 ROPE = posenc.Rope(head_dim=4)
@@ -170,3 +171,24 @@ def test_update_writes_then_reads_up_to_the_high_water_mark(block_size):
     assert torch.equal(got[0], expected[0]) and torch.equal(got[1], expected[1])
     cache.rollback(torch.tensor([3, 1, 5]))
     assert cache.read_width == cache.width == 4  # an edit narrows the bound again
+
+
+@pytest.mark.parametrize("policy", ["recompute", "rerotate", "freeze"])
+@torch.no_grad()
+def test_table_policies_on_paged_storage_equal_contiguous(policy):
+    """Dynamic NTK crossing its L0 after a fork: each policy clears, re-rotates or keeps shared blocks alike."""
+    cfg = {"vocab_size": 30, "hidden_size": 16, "num_hidden_layers": 2, "num_attention_heads": 4,
+           "num_key_value_heads": 2, "intermediate_size": 24, "max_position_embeddings": 6,
+           "rope_scaling": {"rope_type": "dynamic", "factor": 2.0}}
+    model = posenc.models.Decoder.from_hf_config(cfg, seed=0).double().eval()
+    logits = []
+    for block_size in (None, 2):
+        cache = model.new_cache(2, 12, policy=policy, block_size=block_size)
+        out = [model(torch.tensor([[1, 2, 3, 4], [5, 6, 7, 8]]), cache=cache)]
+        cache.reorder(torch.tensor([0, 0]))
+        out += [model(torch.tensor([[t], [t + 1]]), cache=cache) for t in range(9, 15, 2)]  # lengths 5, 6, 7 > L0
+        logits.append(out)
+    assert all(torch.equal(a, b) for a, b in zip(*logits))
+    if policy == "recompute":  # and both equal a full forward of the whole row
+        full = model(torch.tensor([[1, 2, 3, 4, 9, 11, 13]]))
+        assert_close(logits[1][-1][0, -1], full[0, -1])

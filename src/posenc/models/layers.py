@@ -37,7 +37,7 @@ class Step:
         slots: `[b, t]` cache slot of each new token (-1 for padding), from `KVCache.reserve`; None
             in a full forward without a cache (as are index and width).
         index: `KVCache.write_index(slots)` (flat rows and slots), shared by every layer's write.
-        width: cache slots a read covers (the capacity of a fixed-capacity cache: no host sync).
+        width: cache slots a read covers (`KVCache.read_width`, a host-side bound: no host sync).
     """
 
     attend: Any
