@@ -167,7 +167,7 @@ def test_cached_decoding_equals_a_full_recompute(layers, data, b, block_size, st
     model = decoder(layers)
     cache = model.new_cache(b, CAP, store=store, block_size=block_size)
     rows = [[] for _ in range(b)]  # (token, position) per cached token
-    ops = ["append", "append", "rollback", "reorder"] + (["keep_recent"] if layers == 1 else [])
+    ops = ["append", "append", "rollback", "reorder"] + (["keep_recent", "move"] if layers == 1 else [])
     for name in data.draw(st.lists(st.sampled_from(ops), min_size=1, max_size=6), label="ops"):
         if name == "append":
             t = data.draw(st.integers(1, 4), label="t")
@@ -192,6 +192,13 @@ def test_cached_decoding_equals_a_full_recompute(layers, data, b, block_size, st
             index = data.draw(st.lists(st.integers(0, b - 1), min_size=b, max_size=b), label="index")
             cache.reorder(torch.tensor(index))
             rows = [list(rows[i]) for i in index]
+        elif name == "move":
+            new = torch.full((b, CAP), -1, dtype=torch.long)
+            for r, row in enumerate(rows):
+                gaps = data.draw(st.lists(st.integers(1, 3), min_size=len(row), max_size=len(row)), label="moves")
+                new[r, :len(row)] = torch.tensor(gaps, dtype=torch.long).cumsum(0) - 1
+                rows[r] = [(e[0], int(p)) for e, p in zip(row, new[r])]
+            cache.move(new)
         else:
             window, shift = data.draw(st.integers(1, 4), label="window"), data.draw(st.booleans(), label="shift")
             cache.keep_recent(window, 1, shift=shift)
