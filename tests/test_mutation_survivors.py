@@ -13,7 +13,7 @@ from posenc.cache import KVCache
 
 
 def test_fresh_cache_marks_every_slot_empty_and_unknown():
-    """cache.py `self.tokens = torch.full(..., -1)`, mutant -1 -> 0: a fresh slot's token id is unknown (-1)."""
+    """cache `self.tokens = torch.full(..., -1)`, mutant -1 -> 0: a fresh slot's token id is unknown (-1)."""
     cache = KVCache(2, 3, 1, 4, capacity=5)
     assert torch.equal(cache.tokens, torch.full((3, 5), -1))
     assert torch.equal(cache.positions, torch.full((3, 5), -1))
@@ -29,7 +29,7 @@ def test_fresh_cache_marks_every_slot_empty_and_unknown():
 
 @pytest.mark.parametrize("store", ["rotated", "unrotated"])
 def test_move_to_position_zero(store):
-    """cache.py `move`: `new_positions < 0` refused, mutant `< 1`: moving a kept key to position 0 is valid and exact."""
+    """cache `move`: `new_positions < 0` refused, mutant `< 1`: moving a kept key to position 0 is valid and exact."""
     rope = Rope(head_dim=8)
     gen = torch.Generator().manual_seed(0)
     k = torch.randn(1, 2, 3, 8, generator=gen, dtype=torch.float64)
@@ -43,7 +43,7 @@ def test_move_to_position_zero(store):
 
 
 def test_dropped_slots_become_empty_and_unknown():
-    """cache.py `keep`: dropped slots' token ids masked to -1, mutant -1 -> -2: a rolled-back slot is unknown again."""
+    """cache `keep`: dropped slots' token ids masked to -1, mutant -1 -> -2: a rolled-back slot is unknown again."""
     cache = KVCache(1, 2, 1, 4, capacity=4)
     cache.reserve(torch.tensor([[3, 4, 5], [0, 1, 2]]), tokens=torch.tensor([[10, 11, 12], [20, 21, 22]]))
     cache.rollback(torch.tensor([1, 2]))

@@ -126,3 +126,41 @@ def test_rope_calls_with_a_table_trace_in_one_graph():
     expected = rope.apply(q, k, pos, impl="reference")
     for g, e in zip(got, expected + expected):
         torch.testing.assert_close(g, e, atol=1e-5, rtol=1.3e-6)
+
+
+DECODER = {"vocab_size": 50, "hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4,
+           "num_key_value_heads": 2, "intermediate_size": 48}
+
+
+@pytest.mark.parametrize("store", ["rotated", "unrotated"])
+@pytest.mark.parametrize("block_size", [None, 4])
+@pytest.mark.parametrize("impl", ["sdpa", "eager"])
+@torch.no_grad()
+def test_a_cached_decode_step_makes_no_host_sync(store, block_size, impl):
+    """A decoder step on a fixed-capacity cache (a length-independent scaling): no sync, same logits as outside."""
+    from posenc.models import Decoder
+
+    cfg = {**DECODER, "rope_scaling": {"rope_type": "yarn", "factor": 2.0, "original_max_position_embeddings": 16},
+           "max_position_embeddings": 32}
+    model = Decoder.from_hf_config(cfg, seed=0, attn_impl=impl).eval()
+    ids = torch.tensor([[3, 4, 5, 6], [0, 7, 8, 9]])
+    mask = torch.tensor([[1, 1, 1, 1], [0, 1, 1, 1]])  # left padding
+    caches = [model.new_cache(2, 9, store=store, block_size=block_size) for _ in range(2)]
+    for cache in caches:
+        model(ids, attention_mask=mask, cache=cache)
+    caches[1].reorder(torch.tensor([1, 1]))  # a fork: the step writes into a shared block (copy-on-write)
+    step = torch.tensor([[11], [12]])
+    expected = [model(step, cache=caches[0]), model(step, cache=caches[1])]
+    for cache in caches:
+        cache.rollback(1)
+    with no_host_sync():
+        got = [model(step, cache=caches[0]), model(step, cache=caches[1])]
+        model(step + 1, cache=caches[0])  # a second step, positions continuing
+    assert torch.equal(got[0], expected[0]) and torch.equal(got[1], expected[1])
+    assert caches[0].next_positions().tolist() == [6, 5]
+    before = (caches[0].positions.clone(), caches[0].lengths.clone())
+    with pytest.raises(ValueError, match=r"^input_ids: expected token ids in \[0, vocab_size=50\)"):
+        model(torch.tensor([[50], [1]]), cache=caches[0])  # the checks still run (on the device in the step)
+    with pytest.raises(ValueError, match=r"^position_ids: expected row 1 past its last cached position 4"):
+        model(step, position_ids=torch.tensor([[7], [4]]), cache=caches[0])
+    assert torch.equal(before[0], caches[0].positions) and torch.equal(before[1], caches[0].lengths)

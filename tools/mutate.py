@@ -14,7 +14,7 @@ statements (`fail(...)`, `integer(...)`, ...) -> `pass`; slices `a[i:j]` -> `a[j
 `fail`/`PosencError` is mutated.
 
 Examples:
-    python tools/mutate.py --list --files src/posenc/cache.py            # the mutants, nothing run
+    python tools/mutate.py --list --files src/posenc/cache/kvcache.py            # the mutants, nothing run
     nice -n 10 python tools/mutate.py --max 200 --seed 0 --report survivors.md
     python tools/mutate.py --files src/posenc/rope/rerotate.py --tests tests/test_rerotate.py --max 20
 """
@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-DEFAULT_FILES = ["src/posenc/rope/*.py", "src/posenc/cache.py", "src/posenc/hf/*.py"]
+DEFAULT_FILES = ["src/posenc/rope/*.py", "src/posenc/cache/*.py", "src/posenc/hf/*.py"]
 # which test files exercise a source file (glob patterns under tests/); a file not listed runs the whole suite
 TESTS = {
     "rope/scaling.py": ["test_scaling.py", "test_rope_*.py", "test_hf_*.py", "test_validation.py"],
@@ -49,8 +49,9 @@ TESTS = {
     "rope/mrope_positions.py": ["test_mrope_positions.py", "test_validation.py"],
     "rope/axial.py": ["test_axial.py", "test_validation.py"],
     "rope/__init__.py": ["test_import.py"],
-    "cache.py": ["test_cache*.py", "test_decode_policies.py", "test_decoder.py", "test_mutation_survivors.py",
-                 "test_validation.py"],
+    **{f"cache/{name}.py": ["test_cache*.py", "test_decode_policies.py", "test_decoder.py",
+                            "test_mutation_survivors.py", "test_validation.py", "test_no_host_sync.py"]
+       for name in ("__init__", "kvcache", "storage", "paged", "policy", "edit", "checks")},
     "hf/rope.py": ["test_hf_*.py", "test_inspect.py", "test_decoder.py"],
     "hf/facts.py": ["test_hf_*.py", "test_inspect.py", "test_decoder.py", "test_cli.py"],
     "hf/__init__.py": ["test_hf_*.py", "test_inspect.py"],

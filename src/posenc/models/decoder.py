@@ -33,8 +33,8 @@ import torch
 from torch import nn
 
 from ..attention import IMPLS, attention, encoding_kind, sdpa_attention, visibility
-from ..cache import KVCache
-from ..errors import Raw, batch_positions, fail, integer, integer_tensor, rename
+from ..cache import KVCache, check_new_positions
+from ..errors import Raw, assert_values, batch_positions, fail, integer, integer_tensor, rename
 from ..rope.rerotate import row_tables
 from ..rope.spec import Rope
 from .layers import DecoderLayer, RMSNorm, Step
@@ -213,7 +213,7 @@ class Decoder(nn.Module):
 
     # ---------------------------------------------------------------- cache
     def new_cache(self, batch_size: int, capacity: int | None = None, store: str = "rotated",
-                  policy: str = "recompute") -> KVCache:
+                  policy: str = "recompute", *, block_size: int | None = None) -> KVCache:
         """An empty `KVCache` for this model (its dtype, device, heads and RoPE).
 
         Args:
@@ -221,11 +221,12 @@ class Decoder(nn.Module):
             capacity: slots per row (prompt + generated tokens; a full cache raises PosencError saying
                 how to size it), or None to grow on demand (doubling; amortised O(1) per token).
             store: "rotated" or "unrotated" keys. policy: "recompute", "rerotate", "freeze" or "refuse".
+            block_size: None (contiguous rows) or slots per block of paged storage (forks share blocks).
         """
         weight = self.embed_tokens.weight
         return KVCache(len(self.layers), batch_size, self.num_kv_heads, self.head_dim, capacity, rope=self.rope,
                        store=store, policy=policy, dtype=weight.dtype, device=weight.device,
-                       absolute=self.kind == "absolute")
+                       absolute=self.kind == "absolute", block_size=block_size)
 
     # ---------------------------------------------------------------- forward
     def forward(self, input_ids: torch.Tensor, *, position_ids: torch.Tensor | None = None,
@@ -246,33 +247,33 @@ class Decoder(nn.Module):
         """
         ids, mask = self._check_inputs(input_ids, attention_mask, cache)
         b, t = ids.shape
-        full = cache is None  # a full forward attends to its own keys: no cache buffers are allocated
-        if full:
-            cache = KVCache(1, b, 1, 2, capacity=t)  # bookkeeping only: positions are checked as for a cache
-        elif not isinstance(cache, KVCache) or cache.batch_size != b or cache.num_layers != len(self.layers) \
-                or cache.k[0].shape[1:2] + cache.k[0].shape[3:] != (self.num_kv_heads, self.head_dim) \
-                or cache.rope != self.rope:
+        if cache is not None and (not isinstance(cache, KVCache) or cache.batch_size != b
+                                  or cache.num_layers != len(self.layers) or cache.rope != self.rope
+                                  or (cache.num_kv_heads, cache.head_dim) != (self.num_kv_heads, self.head_dim)):
             fail("cache", f"a KVCache from this model's new_cache with batch_size={b}", cache)
-        start = cache.next_positions()  # [b]
+        start = torch.zeros(b, dtype=torch.long, device=ids.device) if cache is None else cache.next_positions()
         if position_ids is None:
             positions = start[:, None] + mask.long().cumsum(dim=1) - 1  # [b, t]
         else:
-            positions = batch_positions("position_ids", position_ids, b, t,  # [b, t]; negatives fail in check_append
-                                        device=cache.positions.device)
+            positions = batch_positions("position_ids", position_ids, b, t,  # [b, t]; negatives fail below
+                                        device=start.device)
         positions = positions.masked_fill(~mask, 0)  # padding: a placeholder, never cached or counted
-        names = {"positions": "input_ids" if position_ids is None else "position_ids", "mask": "attention_mask"}
-        with rename(names):  # the cache's checks, reported under this forward's argument names
-            cache.check_append(positions, mask)  # validates before anything changes
+        names = ("input_ids" if position_ids is None else "position_ids", "attention_mask")
+        if cache is None:  # a full forward: the positions are checked as for an empty cache, no cache built
+            check_new_positions(positions, mask, start - 1, names=names)
+        else:
+            check_new_positions(positions, mask, start - 1, None if cache.growable else cache.capacity - cache.lengths,
+                                names=names, capacity=cache.capacity, lengths=cache.lengths)
         seq_lens = torch.maximum(start, (positions + 1).masked_fill(~mask, 0).max(dim=1).values)  # [b], per row
+        if cache is None:
+            return self._run(ids, positions, mask, None, seq_lens)
         if self.rope is not None and self.rope.scaling.depends_on_length:
             redo = cache.retable(seq_lens)
             if bool(redo.any()):
                 ids, positions, mask = self._prepend_cached(cache, redo, ids, positions, mask)
                 cache.retable(seq_lens)  # the cleared rows adopt the new table
         else:
-            cache.retable(seq_lens)
-        if full:
-            return self._run(ids, positions, mask, None, seq_lens)
+            cache.retable(seq_lens)  # records the lengths; no host sync
         return self._run(ids, positions, mask, cache)[:, -t:]
 
     def _run(self, ids: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor, cache: KVCache | None,
@@ -289,7 +290,7 @@ class Decoder(nn.Module):
                 cos, sin = row_tables(self.rope, positions, seq_lens)  # [b, t, r/2]
         else:
             slots = cache.reserve(positions, mask, ids)  # [b, t]
-            width = cache.width
+            width = cache.read_width  # a host-side bound of the longest row: no sync
             key_positions = cache.positions[:, :width]  # [b, w]
             key_mask = key_positions >= 0
             index = cache.write_index(slots)
@@ -354,16 +355,19 @@ class Decoder(nn.Module):
         input_ids = integer_tensor("input_ids", input_ids, ndim=(2,), what=what)  # int64: uint16/32/64 do not compare
         if input_ids.shape[1] == 0:
             fail("input_ids", what, input_ids)
-        if input_ids.numel() and (int(input_ids.min()) < 0 or int(input_ids.max()) >= self.vocab_size):
-            fail("input_ids", f"token ids in [0, vocab_size={self.vocab_size})",
-                 f"ids in [{int(input_ids.min())}, {int(input_ids.max())}]")
+        if input_ids.numel():  # on the device: no host sync
+            assert_values("input_ids", ((input_ids >= 0) & (input_ids < self.vocab_size)).all(),
+                          f"token ids in [0, vocab_size={self.vocab_size})",
+                          lambda: f"ids in [{int(input_ids.min())}, {int(input_ids.max())}]")
         b, t = input_ids.shape
         if attention_mask is None:
             return input_ids.long(), torch.ones(b, t, dtype=torch.bool, device=input_ids.device)
+        what = f"a 0/1 tensor of shape [{b}, {t}] or [{b}, cached + {t}]"
         if not isinstance(attention_mask, torch.Tensor) or attention_mask.ndim != 2 or attention_mask.shape[0] != b \
-                or attention_mask.shape[1] < t or attention_mask.dtype.is_complex \
-                or not bool(((attention_mask == 0) | (attention_mask == 1)).all()):  # 0/1 of any real dtype
-            fail("attention_mask", f"a 0/1 tensor of shape [{b}, {t}] or [{b}, cached + {t}]", attention_mask)
+                or attention_mask.shape[1] < t or attention_mask.dtype.is_complex:
+            fail("attention_mask", what, attention_mask)
+        assert_values("attention_mask", ((attention_mask == 0) | (attention_mask == 1)).all(), what,
+                      lambda: attention_mask)  # 0/1 of any real dtype, checked on the device
         mask = attention_mask.bool()
         if mask.shape[1] > t:
             past = mask[:, :-t].sum(dim=1)  # [b]

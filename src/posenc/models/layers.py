@@ -36,8 +36,8 @@ class Step:
         key_tables: `(cos, sin)` `[b, w, r/2]` of the cached keys for unrotated storage, else None.
         slots: `[b, t]` cache slot of each new token (-1 for padding), from `KVCache.reserve`; None
             in a full forward without a cache (as are index and width).
-        index: `KVCache.write_index(slots)`, shared by every layer's write.
-        width: cache slots a read covers.
+        index: `KVCache.write_index(slots)` (flat rows and slots), shared by every layer's write.
+        width: cache slots a read covers (`KVCache.read_width`, a host-side bound: no host sync).
     """
 
     attend: Any

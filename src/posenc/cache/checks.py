@@ -1,0 +1,125 @@
+"""Checks of new tokens against what a row already holds, with no host sync on the accepted path.
+
+The cache and the decoder's no-cache forward share `check_new_positions`; each passes its own argument
+names, so a message names what the caller wrote (no renaming afterwards). A condition is computed on
+the tensors' device and handed to `refuse_unless`: on the CPU in eager mode a failure raises
+`PosencError` at once with a message that names the row and value (read only after the failure); on an
+accelerator or under `torch.compile` it becomes `torch._assert_async`, so the accepted path never waits.
+
+    >>> import torch
+    >>> last = torch.tensor([2])                     # the row holds positions up to 2
+    >>> check_new_positions(torch.tensor([[3, 5]]), None, last).tolist()
+    [[True, True]]
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from ..errors import Raw, check_float_tensor, fail, integer_tensor, positions as check_positions
+
+__all__ = ["refuse_unless", "check_new_positions", "check_write"]
+
+
+def refuse_unless(ok: torch.Tensor, arg: str, expected: str, explain: Callable[[], tuple[str, Any]]) -> None:
+    """Raise unless the 0-d bool `ok` holds; no host sync when it does.
+
+    Args:
+        ok: 0-d bool tensor, True when the values are valid.
+        arg, expected: the argument's name and the generic expectation (the device-side message).
+        explain: called only on a failure on the CPU, returns `(expected, got)` for a message naming the culprit.
+    Raises:
+        PosencError: on the CPU in eager mode; elsewhere `torch._assert_async` raises at the next sync.
+    """
+    if ok.device.type == "cpu" and not torch.compiler.is_compiling():
+        try:
+            torch._assert_async(ok, f"{arg}: expected {expected}")
+        except RuntimeError:
+            fail(arg, *explain())
+        return
+    torch._assert_async(ok, f"{arg}: expected {expected}")
+
+
+def check_new_positions(positions: Any, mask: Any, last: torch.Tensor, free: torch.Tensor | None = None, *,
+                        names: tuple[str, str] = ("positions", "mask"), capacity: int | None = None,
+                        lengths: torch.Tensor | None = None) -> torch.Tensor:
+    """Validate new tokens for rows that end at `last`; change nothing; return the bool mask `[b, t]`.
+
+    Unmasked positions must be >= 0, strictly increasing along the row and past `last`; with `free`, at
+    most `free[row]` unmasked tokens per row. Masked tokens (padding) are ignored.
+
+    Args:
+        positions: `[b, t]` integer logical positions.
+        mask: `[b, t]` bool, False for padding, or None (no padding).
+        last: `[b]` int64 last held position per row (-1 for an empty row).
+        free: `[b]` free slots per row, or None (unbounded); `capacity` and `lengths` feed its message.
+        names: the caller's names for (positions, mask).
+    Returns:
+        `[b, t]` bool mask.
+    Raises:
+        PosencError: naming `names[0]` or `names[1]`.
+    """
+    p_arg, m_arg = names
+    b = last.shape[0]
+    positions = check_positions(p_arg, positions, shapes=[(b, "t")], allow_negative=True,
+                                device=last.device).long()  # [b, t]
+    if mask is None:
+        mask = torch.ones(positions.shape, dtype=torch.bool, device=positions.device)
+    if not isinstance(mask, torch.Tensor) or mask.dtype != torch.bool or mask.shape != positions.shape:
+        fail(m_arg, f"a bool tensor of shape {tuple(positions.shape)}", mask)
+    big = torch.iinfo(torch.long).max
+    real = positions.masked_fill(~mask, big)  # [b, t]; padding never constrains anything
+    refuse_unless((real >= 0).all(), p_arg, "positions >= 0 for unmasked tokens",
+                  lambda: ("positions >= 0 for unmasked tokens", Raw(f"min {int(real.min())}")))
+    prev = torch.cat((last[:, None], real), dim=1)  # [b, 1 + t]
+    prev = torch.cummax(prev.masked_fill(prev == big, -1), dim=1).values[:, :-1]  # last real position before
+    bad = mask & (real <= prev)  # [b, t]
+
+    def order() -> tuple[str, Any]:
+        row, col = (int(i) for i in bad.nonzero()[0])
+        before = int(prev[row, col])
+        if bool(mask[row, :col].any()):  # the clash is inside this call, not with the cache
+            what = f"row {row} strictly increasing (the token before it is at {before})"
+        else:
+            what = f"row {row} past its last cached position {before}"
+        return f"{what}; each position holds one token", int(positions[row, col])
+
+    refuse_unless(~bad.any(), p_arg, "positions strictly increasing and past each row's last cached one", order)
+    if free is not None:
+        count = mask.sum(dim=1)  # [b]
+
+        def room() -> tuple[str, Any]:
+            row = int((count > free).nonzero()[0])
+            need = int((lengths + count).max())
+            return (f"at most {int(free[row])} new tokens in row {row} (capacity {capacity}, "
+                    f"{int(lengths[row])} used); size the cache for prompt + generated tokens, e.g. "
+                    f"new_cache(batch_size, capacity={need}) or more, or capacity=None to grow on demand",
+                    int(count[row]))
+
+        refuse_unless((count <= free).all(), p_arg, "new tokens that fit in each row's free slots", room)
+    return mask
+
+
+def check_write(k: Any, v: Any, slots: Any, sizes: tuple[int, int, int, int], lengths: torch.Tensor) -> None:
+    """Check one layer's write: `k [b, hk, t, d]`, `v [b, hk, t, dv]` on the cache's device, `slots [b, t]` reserved.
+
+    Args:
+        sizes: the cache's `(b, hk, d, dv)`. lengths: `[b]` filled slots per row (slots must be -1 or below).
+    Raises:
+        PosencError: naming `k`, `v` or `slots` (shapes on the host; slot values on the device, no host sync).
+    """
+    b, hk, d, dv = sizes
+    slots = integer_tensor("slots", slots, ndim=(2,), what=f"an integer tensor [b={b}, t] from reserve")
+    t, device = slots.shape[1], lengths.device
+    for arg, x, width in (("k", k, d), ("v", v, dv)):
+        check_float_tensor(arg, x, ndim=(4,))
+        if tuple(x.shape) != (b, hk, t, width) or x.device != device:
+            fail(arg, f"shape [{b}, {hk}, {t}, {width}] on {device} (rows, heads, slots' tokens, channels)", x)
+    what = "[b={}, t] slots from reserve (-1, or below each row's length {})"
+    if slots.shape[0] != b:
+        fail("slots", what.format(b, "lengths"), slots)
+    ok = ((slots >= -1) & (slots < lengths[:, None])).all()
+    refuse_unless(ok, "slots", what.format(b, "lengths"), lambda: (what.format(b, lengths.tolist()), slots))

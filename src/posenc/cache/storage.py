@@ -1,0 +1,146 @@
+"""Per-layer key/value storage behind `KVCache`: the store protocol and the contiguous store.
+
+A store holds one layer's keys and values for `b` rows of `capacity` slots each. It knows nothing of
+positions, RoPE or policies (the cache keeps those); it only moves entries between (row, slot) places.
+`KVCache` owns one store per layer and calls nothing but the methods of `KVStore`, so another layout
+(paged blocks, quantized formats) plugs in by implementing them.
+
+Contract every store keeps:
+- `write(rows [n], slots [n], k [n, hk, d], v [n, hk, dv])`: entry i goes to `(rows[i], slots[i])`; an
+  entry whose slot is -1 is dropped (padding). Destinations of real entries are distinct. `v` may be
+  None: keys only (re-rotation), values untouched. No host sync: the cache has already validated the
+  indices, the store never reads them on the host.
+- `read() -> (k [b, hk, capacity, d], v [b, hk, capacity, dv])` in the compute dtype (the cache's
+  `dtype`): views for a store that keeps that dtype, fresh tensors for one that converts. Slots never
+  written, or cleared, read as zeros (finite: masked attention multiplies their values by 0).
+- `copy_slots(src_rows [n], src_slots [n], dst_rows [n], dst_slots [n])`: every destination receives
+  what its source held BEFORE the call (sources are read first, so overlapping moves such as compaction
+  and row permutation are safe); a source slot of -1 clears the destination to zeros; a destination
+  slot of -1 is dropped. No host sync.
+- `reorder(index [b'])`: rows become the old rows `index` (repeats allowed: forks). With b' == b it works
+  in place (views stay live); another b' reallocates, as `grow` does. A store over shared block tables
+  (paged) leaves the tables to their owner and only resizes its pools.
+- `grow(capacity)`: enlarge every row to `capacity` slots (>= the current one), filled slots unchanged,
+  new ones zero. The only call that allocates; tensors taken from `read()` before it go stale.
+- `nbytes`: bytes held for keys and values (int), scratch included.
+- `capacity`: slots per row (int).
+Nothing else rebinds storage: `write` and `copy_slots` work in place, so views from `read()` stay live.
+
+    >>> import torch
+    >>> store = ContiguousStore(batch_size=2, num_kv_heads=1, capacity=3, head_dim=2)
+    >>> store.write(torch.tensor([1, 0]), torch.tensor([2, -1]), torch.ones(2, 1, 2), torch.ones(2, 1, 2))
+    >>> store.read()[0][:, 0, :, 0].tolist()      # row 1 slot 2 written; row 0's entry was padding
+    [[0.0, 0.0, 0.0], [0.0, 0.0, 1.0]]
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Protocol
+
+import torch
+
+from ..errors import Raw, fail
+
+__all__ = ["KVStore", "ContiguousStore", "allocate"]
+
+
+class KVStore(Protocol):
+    """One layer's keys and values; see the module docstring for the exact contract."""
+
+    capacity: int
+
+    def write(self, rows: torch.Tensor, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor | None) -> None: ...
+
+    def read(self) -> tuple[torch.Tensor, torch.Tensor]: ...
+
+    def copy_slots(self, src_rows: torch.Tensor, src_slots: torch.Tensor, dst_rows: torch.Tensor,
+                   dst_slots: torch.Tensor) -> None: ...
+
+    def reorder(self, index: torch.Tensor) -> None: ...
+
+    def grow(self, capacity: int) -> None: ...
+
+    @property
+    def nbytes(self) -> int: ...
+
+
+def allocate(shape: tuple[int, ...], dtype: torch.dtype, device: Any, arg: str, value: int,
+             total_bytes: int) -> torch.Tensor:
+    """A zeroed tensor; a size no element count or memory holds is refused naming `arg` (the culprit)."""
+    if math.prod(shape) >= 2**63:  # torch's "Storage size calculation overflowed"
+        fail(arg, "a size whose buffers have < 2**63 elements", value)
+    try:
+        return torch.zeros(shape, dtype=dtype, device=device)
+    except (RuntimeError, MemoryError) as err:  # torch.OutOfMemoryError is a RuntimeError
+        fail(arg, f"a cache that fits in memory ({total_bytes / 2**30:.3g} GiB of keys and values asked)",
+             Raw(f"{value} ({type(err).__name__})"))
+
+
+class ContiguousStore:
+    """`k [b, hk, capacity, d]`, `v [b, hk, capacity, dv]` in one tensor each, plus one scratch slot per row.
+
+    Padding entries (slot -1) land in the scratch slot `capacity`, so a write is one `index_put_` of
+    fixed shape whatever the padding (no `nonzero`, no host sync); `read()` never shows the scratch slot.
+
+    Args:
+        batch_size, num_kv_heads, capacity, head_dim: b, hk, slots per row, d.
+        value_dim: dv (default d).
+        dtype, device: of the buffers (also the compute dtype: `read()` returns views).
+        layers: how many such stores the caller allocates (only for the out-of-memory message).
+    Raises:
+        PosencError: a capacity or batch size whose buffers overflow or do not fit in memory.
+    """
+
+    def __init__(self, batch_size: int, num_kv_heads: int, capacity: int, head_dim: int,
+                 value_dim: int | None = None, *, dtype: torch.dtype = torch.float32, device: Any = None,
+                 layers: int = 1) -> None:
+        self.capacity = capacity
+        dv = head_dim if value_dim is None else value_dim
+        self._k, self._v = self._buffers(batch_size, num_kv_heads, capacity, head_dim, dv, dtype, device, layers)
+
+    @staticmethod
+    def _buffers(b: int, hk: int, capacity: int, d: int, dv: int, dtype: torch.dtype, device: Any,
+                 layers: int) -> tuple[torch.Tensor, torch.Tensor]:
+        arg, value = ("batch_size", b) if b > capacity else ("capacity", capacity)  # the culprit
+        need = layers * b * hk * (capacity + 1) * (d + dv) * torch.empty((), dtype=dtype).element_size()
+        return (allocate((b, hk, capacity + 1, d), dtype, device, arg, value, need),  # + 1: scratch slot
+                allocate((b, hk, capacity + 1, dv), dtype, device, arg, value, need))
+
+    @property
+    def nbytes(self) -> int:
+        return self._k.nbytes + self._v.nbytes
+
+    def read(self) -> tuple[torch.Tensor, torch.Tensor]:
+        return self._k[:, :, :self.capacity], self._v[:, :, :self.capacity]  # views [b, hk, cap, d]
+
+    def _slot(self, slots: torch.Tensor) -> torch.Tensor:
+        return torch.where(slots < 0, self.capacity, slots)  # [n]; -1 -> the scratch slot
+
+    def write(self, rows: torch.Tensor, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor | None) -> None:
+        at = (rows, self._slot(slots))
+        self._k.transpose(1, 2).index_put_(at, k.to(self._k.dtype))  # [b, cap+1, hk, d] <- [n, hk, d]
+        if v is not None:
+            self._v.transpose(1, 2).index_put_(at, v.to(self._v.dtype))
+
+    def copy_slots(self, src_rows: torch.Tensor, src_slots: torch.Tensor, dst_rows: torch.Tensor,
+                   dst_slots: torch.Tensor) -> None:
+        clear = (src_slots < 0)[:, None, None]  # [n, 1, 1]
+        src, dst = (src_rows, self._slot(src_slots)), (dst_rows, self._slot(dst_slots))
+        for buf in (self._k, self._v):
+            view = buf.transpose(1, 2)  # [b, cap+1, hk, d]
+            moved = view[src].masked_fill(clear, 0)  # [n, hk, d]: read before any write
+            view.index_put_(dst, moved)
+
+    def reorder(self, index: torch.Tensor) -> None:
+        if index.shape[0] == self._k.shape[0]:
+            self._k.copy_(self._k[index])  # [b, hk, cap+1, d]: gathered first, then copied in place
+            self._v.copy_(self._v[index])
+        else:  # another batch size: new buffers
+            self._k, self._v = self._k[index], self._v[index]
+
+    def grow(self, capacity: int) -> None:
+        b, hk, _, d = self._k.shape
+        k, v = self._buffers(b, hk, capacity, d, self._v.shape[3], self._k.dtype, self._k.device, 1)
+        k[:, :, :self.capacity], v[:, :, :self.capacity] = self.read()  # filled slots unchanged, the rest zeros
+        self._k, self._v, self.capacity = k, v, capacity
