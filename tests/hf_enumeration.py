@@ -209,6 +209,7 @@ def _compare(rope, module, rotary, positions, layer_type) -> tuple[str, bool]:
     c, s = _pairs(cos_hf, rope.rotary_dim), _pairs(sin_hf, rope.rotary_dim)
     if c is None or s is None:
         return f"{layer_type}: transformers' table has {cos_hf.shape[-1]} channels, posenc rotary_dim {rope.rotary_dim}", False
+    s = s * rope.direction  # nanochat's table is +theta and its apply turns by -theta: the rotation below decides
     err = max((c - cos).abs().max().item(), (s - sin).abs().max().item())
     if err > TOL:
         return f"{layer_type}: cos/sin differ by {err:.3g}", False

@@ -52,6 +52,7 @@ class Convention:
     default_params: tuple[tuple[str, Any], ...] = ()  # the config class's rope parameters when config.json has none
     qkv_bias: bool | str = "attention_bias"  # q/k/v projection bias: a constant or the config key that sets it
     o_bias: bool | str = "attention_bias"  # output projection bias: a constant or the config key
+    direction: int = 1  # the sign of the rotation angle (Rope.direction; nanochat: -1)
     refused: str | None = None  # what posenc does not model about this family's rotation (it refuses the type)
     reads_class: bool = False  # a dict's other facts (defaults, aliases) come from its config class when
     # transformers is importable (posenc.hf.classes); False: this row states every default itself
@@ -146,8 +147,8 @@ MODEL_TYPES: dict[str, Convention] = {
                     Convention(partial=1.0, mrope=True, aliases=_MROPE_ALIAS, mrope_default=(8, 12, 12), reads_class=True)),
     **dict.fromkeys(("paddleocr_vl", "paddleocr_vl_text", "qwen2_5_omni", "qwen2_5_omni_thinker",
                      "qwen2_5_omni_text"), Convention(partial=1.0, mrope=True, aliases=_MROPE_ALIAS, reads_class=True)),
-    "nanochat": Convention(refused="a rotation by -theta (its rotate_half is cat(x2, -x1)): attention scores see "
-                           "position n - m where every other RoPE model sees m - n"),
+    # nanochat rotates by -theta (its rotate_half is cat(x2, -x1)): attention scores see n - m where others see m - n
+    "nanochat": Convention(partial=1.0, direction=-1, reads_class=True),
     "qwen2_vl": _QWEN_VL,
     "qwen2_vl_text": _QWEN_VL,
     "qwen2_5_vl": _QWEN_VL,

@@ -205,4 +205,5 @@ def build_rope(cfg: dict[str, Any], conv: Convention, params: Mapping[str, Any],
     with prefix(where):  # head_dim, rotary_dim and base are checked above: what fails here is the dict's
         return Rope(head_dim=width, rotary_dim=rotary, base=base, scaling=scaling, pairing=pairing,
                     mrope_section=None if section is None else tuple(section),
-                    mrope_interleaved=section is not None and conv.mrope_interleaved, softmax_scale_factor=softmax)
+                    mrope_interleaved=section is not None and conv.mrope_interleaved, softmax_scale_factor=softmax,
+                    direction=conv.direction)
