@@ -41,6 +41,8 @@ class Convention:
     mrope: bool = False  # multi-axis RoPE over [3, b, t] positions (mrope_section, else mrope_default)
     mrope_default: tuple[int, ...] = (16, 24, 24)  # the modeling code's section when the config has none
     mrope_interleaved: bool = False  # Qwen3-VL: frequency i follows axis i % 3 within the sections (else contiguous)
+    mrope_hw_alternating: bool = False  # Ernie 4.5 VL: mrope_section [s_h, s_w, s_t]; the first 2 s_h frequencies
+    # alternate axis 1 (even) and axis 2 (odd), the last s_t follow axis 0 (its pre-rotated inv_freq, undone)
     local_theta: tuple[str | None, float] | None = None  # per-layer RoPE: (4.x key, default) of the sliding theta
     layer_pattern: tuple[str | None, int] | None = None  # (key, default) n: layer i is full iff (i + 1) % n == 0
     window_layers: str | None = None  # Qwen families: which layers slide once use_sliding_window is true, see
@@ -127,9 +129,9 @@ MODEL_TYPES: dict[str, Convention] = {
     "granitemoehybrid": Convention(partial=1.0, rope_flag=("position_embedding_type", "rope"), reads_class=True),  # its attention concatenates two widths
     **dict.fromkeys(("hy_v4_vl", "hy_v4_vl_text"), Convention(pairing="interleaved", partial=1.0,
                                                                rope_width=("qk_rope_head_dim", 64), reads_class=True)),
-    **dict.fromkeys(("ernie4_5_vl_moe", "ernie4_5_vl_moe_text"), Convention(refused=(
-        "3-D M-RoPE in its own layout (h and w frequencies interleaved, t last, pre-rotated inverse frequencies), "
-        "which posenc.rope.mrope does not model"))),
+    **dict.fromkeys(("ernie4_5_vl_moe", "ernie4_5_vl_moe_text"), Convention(
+        pairing="interleaved", partial=1.0, mrope=True, mrope_default=(22, 22, 20), mrope_hw_alternating=True,
+        reads_class=True)),
     **dict.fromkeys(("mamba", "mamba2", "falcon_mamba", "rwkv", "xlstm"), Convention(
         refused="no positional encoding at all (a recurrent / state-space model without attention layers)")),
     # multi-axis RoPE of the VL families (the modeling file's default section when the config has none)

@@ -159,6 +159,17 @@ def _scaling(rope_type: str, p: Mapping[str, Any], cfg: Mapping[str, Any], conv:
                            attention_factor=attention)
 
 
+def _hw_alternating(section: Any, where: str) -> list[int]:
+    """Ernie 4.5 VL's [s_h, s_w, s_t] as posenc sections (block k follows axis k % 3): h, w alternate over the first
+    2 s_h frequencies, t drives the last s_t: `(0, 1, 1) * s_h + (s_t,)`. Its modeling code pre-permutes the
+    ladder so that frequency j keeps its own `inv_freq[j]`; only the axis map is its own."""
+    if len(section) != 3 or not all(isinstance(n, int) and n >= 0 for n in section) or section[0] != section[1] \
+            or section[2] == 0:
+        fail(f"{where}['mrope_section']", "3 integers [s_h, s_w, s_t] with s_h == s_w and s_t >= 1 (Ernie 4.5 VL "
+             "alternates h and w frequencies pair by pair; its code slices inv_freq[:-s_t], empty for 0)", section)
+    return [0, 1, 1] * section[0] + [section[2]]
+
+
 def build_rope(cfg: dict[str, Any], conv: Convention, params: Mapping[str, Any], where: str) -> Rope:
     """The `Rope` of one rope-parameter dict `params` (found at `where`) of the text config `cfg`."""
     rope_type = rope_type_of(params, where, conv)
@@ -199,6 +210,8 @@ def build_rope(cfg: dict[str, Any], conv: Convention, params: Mapping[str, Any],
             # interleaved: only s_h and s_w are read; every other frequency follows T (Qwen4-exp's default
             # [11, 11, 10] on a 256-channel head)
             section = [rotary // 2 - section[1] - section[2], section[1], section[2]]
+        if conv.mrope_hw_alternating:
+            section = _hw_alternating(section, where)
     softmax = 1.0
     if conv.rope_width is not None and isinstance(scaling, sc.YaRN):  # DeepSeek's softmax mscale
         softmax = scaling.softmax_scale_factor()
