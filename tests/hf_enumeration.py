@@ -146,8 +146,8 @@ def _hf_rotate(module, rotary, positions, layer_type, q, k):
             except RuntimeError:  # Llama 4 takes [b, t, h, d]
                 return tuple(x.transpose(1, 2) for x in apply(q.transpose(1, 2), k.transpose(1, 2), out))
         apply = getattr(module, "apply_rotary_pos_emb", None)
-        if getattr(getattr(rotary, "config", None), "rope_interleave", False) and hasattr(module, "apply_rotary_pos_emb_interleave"):
-            apply = module.apply_rotary_pos_emb_interleave  # DeepSeek-V3: the attention picks it by the flag
+        if _attention_interleaves(module, rotary):
+            apply = module.apply_rotary_pos_emb_interleave
         if apply is None or len([p for p in inspect.signature(apply).parameters.values()
                                  if p.default is inspect.Parameter.empty]) != 4:
             return None
@@ -160,6 +160,26 @@ def _hf_rotate(module, rotary, positions, layer_type, q, k):
             r = cos.shape[-1]
             q_rot, k_rot = apply(q[..., :r], k[..., :r], cos, sin)
             return torch.cat((q_rot, q[..., r:]), -1), torch.cat((k_rot, k[..., r:]), -1)
+
+
+def _attention_interleaves(module, rotary) -> bool:
+    """Whether the main attention rotates with `apply_rotary_pos_emb_interleave`: by the config's flag
+    (DeepSeek-V3's `rope_interleave`), or always (DeepSeek-V3.2, GLM-MoE-DSA: their attention calls it with no
+    flag, and `apply_rotary_pos_emb` is their indexer's)."""
+    if not hasattr(module, "apply_rotary_pos_emb_interleave"):
+        return False
+    if getattr(getattr(rotary, "config", None), "rope_interleave", False):
+        return True
+    # the attention of the rotary class's own model (Dots3NoteText... vs Dots3NoteAudio...), else every attention
+    prefix = type(rotary).__name__.removesuffix("RotaryEmbedding")
+    classes = [cls for name, cls in vars(module).items() if name.endswith("Attention") and inspect.isclass(cls)
+               and cls.__module__ == module.__name__ and "forward" in vars(cls)]
+    own = [cls for cls in classes if cls.__name__ == prefix + "Attention"]
+    for cls in own or classes:
+        source = inspect.getsource(cls.forward)
+        if "apply_rotary_pos_emb_interleave(" in source and "rope_interleave" not in source:
+            return True
+    return False
 
 
 def _has_table(rotary, positions, layer_type) -> bool:
@@ -240,11 +260,30 @@ def _compare(rope, module, rotary, positions, layer_type) -> tuple[str, bool]:
     return "", bitwise
 
 
-def _positions(rotary, sub) -> tuple[int, ...]:
+def rope_keys(module, rotary, sub) -> dict[str, str]:
+    """`{layer type: the key of transformers' table}` where the rotary class keys its tables by branch, not by
+    layer type (DeepSeek-V4's "main" / "compress"): read from the attention class's own `rope_layer_type`, built
+    on the meta device for one layer of each type; {} when the rotary class knows the layer types."""
+    types = list(dict.fromkeys(getattr(sub, "layer_types", None) or []))
+    known = getattr(rotary, "layer_types", None)
+    attention = getattr(module, type(rotary).__name__.removesuffix("RotaryEmbedding") + "Attention", None)
+    if not types or not known or set(types) <= set(known) or attention is None:
+        return {}
+    out = {}
+    for layer_type in types:
+        with torch.device("meta"):
+            layer = attention(sub, sub.layer_types.index(layer_type))
+        if getattr(layer, "rope_layer_type", None) is not None:
+            out[layer_type] = layer.rope_layer_type
+    return out
+
+
+def _positions(rotary, sub, keys) -> tuple[int, ...]:
     """POSITIONS, or those inside the table of a class with a fixed-length table (GPT-J); checks the call runs
     (for the first layer type transformers has a table for: LFM3's "conv" layers have none)."""
     error: Exception = RuntimeError("no layer type")
     for layer_type in list(dict.fromkeys(getattr(sub, "layer_types", None) or [])) or [None]:
+        layer_type = keys.get(layer_type, layer_type)
         try:
             _hf_tables(rotary, POSITIONS, layer_type)
             return POSITIONS
@@ -292,7 +331,8 @@ def check(model_type: str, module_name: str, overrides: dict | None = None) -> O
             continue
         try:
             rotary = cls(sub)
-            positions = _positions(rotary, sub)
+            keys = rope_keys(module, rotary, sub)
+            positions = _positions(rotary, sub, keys)
             break
         except Exception as e:  # noqa: BLE001 - transformers' own failure is a result, not ours
             rotary = None
@@ -320,11 +360,12 @@ def check(model_type: str, module_name: str, overrides: dict | None = None) -> O
             for rope in mine:
                 if rope is None:
                     continue  # posenc says this layer type applies no RoPE (checked by the NoPE tests)
-                if layer_type is not None and not _has_table(rotary, positions, layer_type):
+                hf_type = keys.get(layer_type, layer_type)  # transformers' table of this layer type
+                if layer_type is not None and not _has_table(rotary, positions, hf_type):
                     return Outcome(model_type, "differs", f"{layer_type}: posenc builds a Rope where transformers "
                                    "has no table", layer_types=types)
                 try:
-                    why, same = _compare(rope, module, rotary, positions, layer_type)
+                    why, same = _compare(rope, module, rotary, positions, hf_type)
                 except Exception as e:  # noqa: BLE001
                     return Outcome(model_type, "crash", f"comparing {layer_type}: {type(e).__name__}: {e}", layer_types=types)
                 if why:

@@ -58,3 +58,129 @@ def test_ernie_vl_bad_sections_name_the_key(section, match):
     cfg = {**ERNIE, "rope_parameters": {**ERNIE["rope_parameters"], "mrope_section": section}}
     with pytest.raises(PosencError, match=r"config\['rope_parameters'\]\['mrope_section'\]: expected .*" + match):
         posenc.hf.rope_by_layer_type(cfg)
+
+
+# ------------------------------------------------------------------------------ DSA indexers
+DSA = {"hidden_size": 64, "num_attention_heads": 2, "num_key_value_heads": 2, "num_hidden_layers": 2,
+       "vocab_size": 32, "q_lora_rank": 16, "kv_lora_rank": 16, "qk_rope_head_dim": 16, "qk_nope_head_dim": 16,
+       "v_head_dim": 16, "index_head_dim": 40, "index_n_heads": 3, "index_topk": 4,
+       "max_position_embeddings": 4096, "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0}}
+
+
+@pytest.mark.parametrize("model_type, module, indexer, pairing", [
+    ("deepseek_v32", "deepseek_v32", "DeepseekV32Indexer", "split_half"),
+    ("glm_moe_dsa", "glm_moe_dsa", "GlmMoeDsaIndexer", "interleaved_to_split_half"),
+])
+def test_dsa_indexer_branch_matches_the_indexer_forward(monkeypatch, model_type, module, indexer, pairing):
+    """The indexer's own forward, its rotation recorded: posenc's "indexer" Rope on the whole index head rotates
+    the leading qk_rope_head_dim channels exactly as it does, and passes the rest through."""
+    import importlib
+
+    m = importlib.import_module(f"transformers.models.{module}.modeling_{module}")
+    config = _hf({"model_type": model_type, **DSA})
+    ropes = posenc.hf.branch_ropes(config)
+    assert ropes == posenc.hf.branch_ropes({"model_type": model_type, **DSA})
+    assert (ropes["indexer"].head_dim, ropes["indexer"].rotary_dim, ropes["indexer"].pairing) == (40, 16, pairing)
+    assert ropes["attention"].pairing == "interleaved_to_split_half"  # the MLA attention, whatever rope_interleave
+    seen = []
+    for name in ("apply_rotary_pos_emb", "apply_rotary_pos_emb_interleave"):
+        original = getattr(m, name, None)
+        if original is None:
+            continue
+
+        def record(q, k, cos, sin, *args, _original=original, **kwargs):
+            out = _original(q, k, cos, sin, *args, **kwargs)
+            seen.append((q, k, out))
+            return out
+        monkeypatch.setattr(m, name, record)
+    torch.manual_seed(0)
+    layer = getattr(m, indexer)(config, 0).eval()
+    gen = torch.Generator().manual_seed(3)
+    hidden, q_resid = torch.randn(1, 11, 64, generator=gen), torch.randn(1, 11, 16, generator=gen)
+    pos = torch.tensor([[0, 1, 2, 3, 50, 51, 52, 900, 901, 4000, 4095]])
+    rotary = getattr(m, type(layer).__name__.replace("Indexer", "RotaryEmbedding"))(config)
+    layer(hidden, q_resid, rotary(hidden, pos), torch.zeros(1, 1, 11, 11), pos)
+    (q_rot, k_rot, (q_out, k_out)), = seen
+    q = layer.wq_b(q_resid).view(1, 11, 3, 40)  # [b, t, h, index_head_dim] before rotation
+    k = layer.k_norm(layer.wk(hidden)).unsqueeze(2)  # [b, t, 1, index_head_dim]
+    assert torch.equal(q_rot, q[..., :16]) and torch.equal(k_rot, k[..., :16])  # the leading channels rotate
+    q2, k2 = ropes["indexer"].apply(q, k, pos[0], layout="bthd")
+    assert torch.equal(q2[..., :16], q_out) and torch.equal(k2[..., :16], k_out)
+    assert torch.equal(q2[..., 16:], q[..., 16:]) and torch.equal(k2[..., 16:], k[..., 16:])
+
+
+def test_dsa_index_head_narrower_than_the_rope_slice_is_refused():
+    with pytest.raises(PosencError, match=r"config\['index_head_dim'\]: expected at least qk_rope_head_dim = 16"):
+        posenc.hf.branch_ropes({"model_type": "deepseek_v32", **DSA, "index_head_dim": 8})
+
+
+# ------------------------------------------------------------------------------ DeepSeek-V4 branches
+V4 = {"model_type": "deepseek_v4", "num_hidden_layers": 3,
+      "layer_types": ["sliding_attention", "compressed_sparse_attention", "heavily_compressed_attention"]}
+
+
+def test_deepseek_v4_branch_tables_and_rotation_match_transformers():
+    from transformers.models.deepseek_v4 import modeling_deepseek_v4 as m
+
+    config = _hf(V4)
+    ropes = posenc.hf.branch_ropes(config)
+    assert ropes == posenc.hf.branch_ropes(V4) and sorted(ropes) == ["compress", "main"]
+    assert ropes["main"].base == config.rope_parameters["main"]["rope_theta"] != ropes["compress"].base
+    rotary = m.DeepseekV4RotaryEmbedding(config)
+    gen = torch.Generator().manual_seed(4)
+    x = torch.randn(2, 3, 9, config.head_dim, generator=gen)  # [b, h, t, 512]: [nope | rope] per head
+    pos = torch.tensor([[0, 1, 2, 127, 128, 4096, 4097, 65536, 900000]]).expand(2, -1)
+    for key, rope in ropes.items():
+        cos, sin = rotary(x, pos, layer_type=key)
+        want = m.apply_rotary_pos_emb(x, cos, sin)
+        r = rope.head_dim  # the trailing rope slice
+        got = rope.rotate(x[..., -r:].contiguous(), pos)
+        assert torch.equal(want[..., :-r], x[..., :-r]) and torch.equal(want[..., -r:], got), key
+    # each layer type reads the table its attention names (built on the meta device: no weights)
+    by_type = posenc.hf.rope_by_layer_type(config)
+    for i, layer_type in enumerate(config.layer_types):
+        with torch.device("meta"):
+            attention = m.DeepseekV4Attention(config, i)
+        assert by_type[layer_type] == ropes[attention.rope_layer_type], layer_type
+
+
+def test_deepseek_v4_missing_branch_names_the_key():
+    cfg = {**V4, "rope_parameters": {"main": "yarn", "compress": {"rope_type": "default", "rope_theta": 160000.0,
+                                                                  "partial_rotary_factor": 0.125}}}
+    with pytest.raises(PosencError, match=r"config\['rope_parameters'\]\['main'\]: expected a dict"):
+        posenc.hf.branch_ropes(cfg)
+    with pytest.raises(PosencError, match=r"config\['rope_parameters'\]\['main'\]: expected a dict"):
+        posenc.hf.rope_by_layer_type(cfg)
+
+
+# ------------------------------------------------------------------------------ Gemma 3n: q-only layers
+@pytest.mark.parametrize("layers, shared, pattern", [(8, 3, 4), (7, 2, 2), (12, 5, 5), (6, 0, 3), (30, 10, 5)])
+def test_gemma3n_kv_sources_match_transformers(layers, shared, pattern):
+    from transformers.models.gemma3n import modeling_gemma3n as m
+
+    types = ["full_attention" if (i + 1) % pattern == 0 else "sliding_attention" for i in range(layers)]
+    cfg = {"model_type": "gemma3n_text", "hidden_size": 32, "num_attention_heads": 2, "num_key_value_heads": 1,
+           "head_dim": 16, "num_hidden_layers": layers, "num_kv_shared_layers": shared, "layer_types": types,
+           "vocab_size": 32, "vocab_size_per_layer_input": 32, "hidden_size_per_layer_input": 8,
+           "intermediate_size": 32, "laurel_rank": 4, "altup_num_inputs": 2}
+    config = _hf(cfg)
+    sources = posenc.hf.kv_sources(config)
+    assert sources == posenc.hf.kv_sources(cfg) and len(sources) == layers
+    modes = config.kv_sharing_modes
+    ropes = posenc.hf.layer_ropes(config)
+    for i, source in enumerate(sources):
+        with torch.device("meta"):
+            attention = m.Gemma3nTextAttention(config, i)
+        assert attention.is_kv_shared_layer == (source is not None)  # it rotates only q
+        if source is not None:  # it reads shared_kv_states[its type], which the "store" layer of that type writes
+            assert modes[source] == "store" and types[source] == types[i] and source < layers - shared
+            assert ropes[source] == ropes[i]  # its q and the reused keys share one table
+
+
+def test_kv_sharing_bad_counts():
+    cfg = {"model_type": "gemma3n_text", "hidden_size": 32, "num_attention_heads": 2, "head_dim": 16,
+           "num_hidden_layers": 4, "layer_types": ["sliding_attention"] * 3 + ["full_attention"]}
+    with pytest.raises(PosencError, match=r"num_kv_shared_layers'\]: expected an integer in \[0, num_hidden_layers"):
+        posenc.hf.kv_sources({**cfg, "num_kv_shared_layers": 4})
+    with pytest.raises(PosencError, match=r"num_kv_shared_layers'\]: expected a value leaving a full_attention layer"):
+        posenc.hf.kv_sources({**cfg, "num_kv_shared_layers": 1})

@@ -55,6 +55,11 @@ class Convention:
     qkv_bias: bool | str = "attention_bias"  # q/k/v projection bias: a constant or the config key that sets it
     o_bias: bool | str = "attention_bias"  # output projection bias: a constant or the config key
     direction: int = 1  # the sign of the rotation angle (Rope.direction; nanochat: -1)
+    reads_rope_interleave: bool = True  # MLA: the attention picks its pairing by config['rope_interleave']
+    rope_keys: tuple[tuple[str | None, str], ...] = ()  # (layer type, its rope_parameters key) where the dicts
+    # are keyed by branch (DeepSeek-V4: sliding layers "main", every other type (None) "compress")
+    indexer: str | None = None  # DSA lightning indexer: the pairing it rotates the leading qk_rope_head_dim channels
+    # of its index_head_dim heads with (the model's table); None: no indexer (posenc.hf.branch_ropes)
     refused: str | None = None  # what posenc does not model about this family's rotation (it refuses the type)
     reads_class: bool = False  # a dict's other facts (defaults, aliases) come from its config class when
     # transformers is importable (posenc.hf.classes); False: this row states every default itself
@@ -69,6 +74,10 @@ _INTERLEAVED = Convention(pairing="interleaved", partial=1.0, reads_class=True)
 # DeepSeek-style MLA (a config with qk_rope_head_dim): RoPE on the rope slice only; with rope_interleave the
 # attention de-interleaves that slice before a split-half rotation
 GENERIC_MLA = Convention(partial=1.0, rope_width=("qk_rope_head_dim", 64), reads_class=True)
+# MLA whose attention de-interleaves its rope slice whatever config['rope_interleave'] says (DeepSeek-V3.2 and the
+# DSA families: they call apply_rotary_pos_emb_interleave unconditionally); their indexers differ in pairing
+_MLA_ALWAYS_INTERLEAVED = dict(pairing="interleaved_to_split_half", partial=1.0, rope_width=("qk_rope_head_dim", 64),
+                               reads_class=True, reads_rope_interleave=False)
 _GLM = Convention(pairing="interleaved", partial=0.5, head_dim=128)
 _QWEN2 = Convention(qkv_bias=True, o_bias=False, window_layers="from_max_window_layers")
 _MROPE_ALIAS = (("mrope", "default"),)  # the 4.x rope type name of M-RoPE, renamed by the VL config classes
@@ -115,6 +124,13 @@ MODEL_TYPES: dict[str, Convention] = {
                      "ernie4_5", "ernie4_5_moe", "ernie4_5_vl_moe", "ernie4_5_vl_moe_text", "glm_ocr", "glm_ocr_text",
                      "helium", "moonshine", "moonshine_streaming", "openai_privacy_filter", "pe_audio_encoder", "pe_audio_video_encoder",
                      "pe_video_encoder"), _INTERLEAVED),
+    **dict.fromkeys(("deepseek_v32", "axk2"), Convention(**_MLA_ALWAYS_INTERLEAVED, indexer="split_half")),
+    **dict.fromkeys(("glm_moe_dsa", "dots3_note", "dots3_note_text", "mistral_large4", "mistral_large4_text"),
+                    Convention(**_MLA_ALWAYS_INTERLEAVED, indexer="interleaved_to_split_half")),
+    "bailing_hybrid": Convention(**_MLA_ALWAYS_INTERLEAVED),
+    # DeepSeek-V4: interleaved pairs on the trailing rope slice of each head ([nope | rope]); two tables by branch
+    "deepseek_v4": Convention(pairing="interleaved", partial=1.0, rope_width=("qk_rope_head_dim", 64), reads_class=True,
+                              rope_keys=(("sliding_attention", "main"), (None, "compress"))),
     "codegen": Convention(pairing="interleaved", rotary_width=("rotary_dim", 64), fixed_table=True, rope_types=("default",),
                           reads_class=True),
     "cohere2_moe": Convention(pairing="interleaved", nope="full", layer_pattern=("sliding_window_pattern", 4),

@@ -196,9 +196,10 @@ def build_rope(cfg: dict[str, Any], conv: Convention, params: Mapping[str, Any],
     rotary = _rotary_dim(cfg, params, rope_type, conv, width, where)
     scaling = _scaling(rope_type, params, cfg, conv, where)
     pairing = conv.pairing
-    if pairing == "interleaved_to_split_half" and cfg.get("rope_interleave", True) is False:
+    flag = cfg.get("rope_interleave") if conv.reads_rope_interleave else None  # (DeepSeek-V3.2 ignores it)
+    if pairing == "interleaved_to_split_half" and flag is False:
         pairing = "split_half"  # DeepSeek-V3 with rope_interleave=false
-    if conv.rope_width is not None and pairing == "split_half" and cfg.get("rope_interleave") is True:
+    if conv.rope_width is not None and pairing == "split_half" and flag is True:
         pairing = "interleaved_to_split_half"  # another MLA family with DeepSeek-V3's flag set
     section = None
     if conv.mrope:  # the family's layout; the Qwen2-VL family ignores mrope_interleaved (only Qwen3-VL interleaves)
