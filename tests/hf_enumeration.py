@@ -12,7 +12,11 @@ with `posenc.hf.rope_by_layer_type`, from the `PretrainedConfig` and from its `t
 - "refused": posenc raised `PosencError`; the reason is its message;
 - "differs": posenc built a Rope whose table is not transformers';
 - "crash": anything else raised in posenc (a bug); "no reference": transformers itself cannot build the
-  table from the defaults (the reason says why), or the model type's rotary class is a vision tower only.
+  table from the defaults (the reason says why), or its only rotary class is one posenc has no reading for.
+
+A model type without a text (or audio) table whose config holds a vision tower with rope type "axial" is
+compared through `posenc.hf.vision_rope` instead (`check_axial`): the per-pair table at (row, column) patch
+positions, the pairing its table layout implies, and the tower's `apply_rotary_pos_emb_vision` where it has one.
 
 Nothing here comes from posenc except the call under test.
 """
@@ -296,6 +300,72 @@ def _positions(rotary, sub, keys) -> tuple[int, ...]:
     raise error
 
 
+VISION_POSITIONS = ((0, 0), (0, 1), (1, 0), (3, 2), (7, 13), (40, 5), (1, 63))  # (row, column) patches
+
+
+def check_axial(model_type, module, config) -> Outcome | None:
+    """A vision tower's axial table (`rope_type: axial`) against `posenc.hf.vision_rope`; None if the module has
+    no vision rotary class that transformers can build and call on `[n, 2]` patch positions."""
+    import posenc.hf
+    from posenc import PosencError
+
+    pos = torch.tensor(VISION_POSITIONS)  # [n, 2]
+    for sub in _sub_configs(config):
+        if (getattr(sub, "rope_parameters", None) or {}).get("rope_type") != "axial":
+            continue
+        for name, cls in vars(module).items():
+            if not (name.endswith("RotaryEmbedding") and inspect.isclass(cls) and cls.__module__ == module.__name__):
+                continue
+            try:
+                with torch.no_grad():
+                    cos_hf, sin_hf = cls(sub)(torch.zeros(1), pos)[:2]
+            except Exception:  # noqa: BLE001 - not this class, or transformers cannot build it
+                continue
+            where = type(sub).__name__
+            for form in (sub, sub.to_dict()):
+                try:
+                    rope = posenc.hf.vision_rope(form)
+                except PosencError as e:
+                    return Outcome(model_type, "refused", str(e), sub_config=where)
+                except Exception as e:  # noqa: BLE001
+                    return Outcome(model_type, "crash", f"{type(e).__name__}: {e}", sub_config=where)
+                why = _compare_axial(rope, module, cos_hf, sin_hf, pos)
+                if why:
+                    return Outcome(model_type, "differs", why, sub_config=where)
+            cos, sin = rope.cos_sin(pos)
+            bitwise = torch.equal(_pairs(cos_hf, rope.head_dim), cos.double())
+            return Outcome(model_type, "exact", bitwise=bitwise and torch.equal(_pairs(sin_hf, rope.head_dim),
+                                                                                sin.double()), sub_config=where)
+    return None
+
+
+def _compare_axial(rope, module, cos_hf, sin_hf, pos) -> str:
+    cos, sin = rope.cos_sin(pos)  # [n, head_dim/2]
+    c, s = _pairs(cos_hf, rope.head_dim), _pairs(sin_hf, rope.head_dim)
+    if c is None or s is None:
+        return f"transformers' vision table has {cos_hf.shape[-1]} channels, posenc head_dim {rope.head_dim}"
+    err = max((c - cos.double()).abs().max().item(), (s - sin.double()).abs().max().item())
+    if err > TOL:
+        return f"vision cos/sin differ by {err:.3g}"
+    full = cos_hf.reshape(-1, cos_hf.shape[-1])
+    layout = "split_half" if torch.equal(full[:, : rope.head_dim // 2], full[:, rope.head_dim // 2:]) else "interleaved"
+    if layout != rope.pairing:  # the table's duplication says how the tower pairs channels
+        return f"transformers' vision table pairs {layout}, posenc {rope.pairing}"
+    apply = getattr(module, "apply_rotary_pos_emb_vision", None)
+    if apply is not None and len([p for p in inspect.signature(apply).parameters.values()
+                                  if p.default is inspect.Parameter.empty]) == 4:
+        gen = torch.Generator().manual_seed(0)
+        q = torch.randn(len(pos), 3, rope.head_dim, generator=gen)  # [patches, h, d]
+        try:
+            theirs = apply(q, q.flip(0), cos_hf, sin_hf)[0]
+        except RuntimeError:
+            return ""  # another signature ([b, h, t, d]): the table and its layout are compared above
+        err = (theirs - rope.rotate(q, pos)).abs().max().item()
+        if err > 1e-4:
+            return f"the vision rotation differs by {err:.3g}"
+    return ""
+
+
 # The config classes whose defaults apply no RoPE anywhere, and the switch that turns it on (checked as well)
 ROPE_ON = {
     "zamba2": {"use_mem_rope": True},
@@ -338,7 +408,7 @@ def check(model_type: str, module_name: str, overrides: dict | None = None) -> O
             rotary = None
             why = f"transformers: {cls.__name__}: {type(e).__name__}: {str(e)[:120]}"
     if rotary is None:
-        return Outcome(model_type, "no reference", why)
+        return check_axial(model_type, module, config) or Outcome(model_type, "no reference", why)
     types = tuple(dict.fromkeys(getattr(sub, "layer_types", None) or ())) or (None,)
     bitwise, compared = True, 0
     # posenc reads the model's config (it finds the language model's text_config itself); a table that belongs to
