@@ -184,3 +184,59 @@ def test_kv_sharing_bad_counts():
         posenc.hf.kv_sources({**cfg, "num_kv_shared_layers": 4})
     with pytest.raises(PosencError, match=r"num_kv_shared_layers'\]: expected a value leaving a full_attention layer"):
         posenc.hf.kv_sources({**cfg, "num_kv_shared_layers": 1})
+
+
+# ------------------------------------------------------------------------------ keys transformers accepts
+HUNYUAN = {"model_type": "hunyuan_v1_dense", "hidden_size": 64, "num_attention_heads": 4, "head_dim": 16,
+           "num_hidden_layers": 2, "vocab_size": 32, "max_position_embeddings": 32768,
+           "rope_parameters": {"rope_type": "dynamic", "alpha": 1000.0, "factor": 1.0, "beta_fast": 32, "beta_slow": 1,
+                               "mscale": 1.0, "mscale_all_dim": 1.0, "rope_theta": 10000.0}}  # as its checkpoints
+
+
+@pytest.mark.parametrize("model_type", ["hunyuan_v1_dense", "hunyuan_v1_moe"])
+def test_hunyuan_ntk_alpha_matches_transformers(model_type):
+    import importlib
+
+    m = importlib.import_module(f"transformers.models.{model_type}.modeling_{model_type}")
+    cfg = {**HUNYUAN, "model_type": model_type}
+    config = _hf(cfg)
+    rope = posenc.Rope.from_hf_config(cfg)
+    assert rope == posenc.Rope.from_hf_config(config) and rope.scaling == posenc.rope.scaling.NTKAware(1000.0)
+    rotary = next(c for n, c in vars(m).items() if n.endswith("RotaryEmbedding"))(config)
+    assert rotary.rope_type == "ntk_alpha" and torch.equal(rotary.inv_freq, rope.inv_freq()[0])
+    pos = torch.tensor([[0, 1, 4095, 32767, 100000]])  # past max_position_embeddings: still static
+    cos, sin = rotary(torch.zeros(1), pos)
+    ours = rope.cos_sin(pos[0])
+    assert torch.equal(cos[0, :, :8], ours[0]) and torch.equal(sin[0, :, :8], ours[1])
+
+
+@pytest.mark.parametrize("change, match", [({"alpha": -2.0}, r"\['alpha'\]: expected"),
+                                           ({"short_factor": [1.0]}, r"\['short_factor'\]: expected no such key")])
+def test_hunyuan_bad_alpha_dicts_name_the_key(change, match):
+    cfg = {**HUNYUAN, "rope_parameters": {**HUNYUAN["rope_parameters"], **change}}
+    with pytest.raises(PosencError, match=r"config\['rope_parameters'\]" + match):
+        posenc.Rope.from_hf_config(cfg)
+
+
+@pytest.mark.parametrize("model_type", ["deepseek_v32", "glm_moe_dsa", "deepseek_v3"])
+@pytest.mark.parametrize("flag", [True, False])
+def test_mla_pairing_follows_the_attention_not_the_flag(model_type, flag):
+    """DSA attention de-interleaves whatever rope_interleave says; DeepSeek-V3 follows the flag."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from hf_enumeration import check
+
+    outcome = check(model_type, model_type, {"rope_interleave": flag})
+    assert outcome.outcome == "exact", outcome
+    pairing = posenc.Rope.from_hf_config({"model_type": model_type, **DSA, "rope_interleave": flag}).pairing
+    assert pairing == ("split_half" if model_type == "deepseek_v3" and not flag else "interleaved_to_split_half")
+
+
+def test_qwen3_omni_interleaved_key_is_accepted_and_unread():
+    cfg = {"model_type": "qwen3_omni_moe_text", "hidden_size": 64, "num_attention_heads": 4, "head_dim": 16,
+           "rope_parameters": {"rope_type": "default", "rope_theta": 1e6, "mrope_section": [2, 3, 3]}}
+    flagged = {**cfg, "rope_parameters": {**cfg["rope_parameters"], "interleaved": True}}
+    _hf(flagged)  # transformers' config class takes it without a word (ignore_keys_at_rope_validation)
+    assert posenc.Rope.from_hf_config(flagged) == posenc.Rope.from_hf_config(cfg)

@@ -56,6 +56,7 @@ class Convention:
     o_bias: bool | str = "attention_bias"  # output projection bias: a constant or the config key
     direction: int = 1  # the sign of the rotation angle (Rope.direction; nanochat: -1)
     reads_rope_interleave: bool = True  # MLA: the attention picks its pairing by config['rope_interleave']
+    ntk_alpha: bool = False  # HunYuan: a "dynamic" dict with `alpha` is static NTK-alpha (base * alpha**(d/(d-2)))
     rope_keys: tuple[tuple[str | None, str], ...] = ()  # (layer type, its rope_parameters key) where the dicts
     # are keyed by branch (DeepSeek-V4: sliding layers "main", every other type (None) "compress")
     indexer: str | None = None  # DSA lightning indexer: the pairing it rotates the leading qk_rope_head_dim channels
@@ -128,6 +129,7 @@ MODEL_TYPES: dict[str, Convention] = {
     **dict.fromkeys(("glm_moe_dsa", "dots3_note", "dots3_note_text", "mistral_large4", "mistral_large4_text"),
                     Convention(**_MLA_ALWAYS_INTERLEAVED, indexer="interleaved_to_split_half")),
     "bailing_hybrid": Convention(**_MLA_ALWAYS_INTERLEAVED),
+    **dict.fromkeys(("hunyuan_v1_dense", "hunyuan_v1_moe"), Convention(partial=1.0, reads_class=True, ntk_alpha=True)),
     # DeepSeek-V4: interleaved pairs on the trailing rope slice of each head ([nope | rope]); two tables by branch
     "deepseek_v4": Convention(pairing="interleaved", partial=1.0, rope_width=("qk_rope_head_dim", 64), reads_class=True,
                               rope_keys=(("sliding_attention", "main"), (None, "compress"))),

@@ -22,7 +22,8 @@ __all__ = ["ROPE_TYPES", "build_rope"]
 _COMMON = {"rope_type", "type", "rope_theta", "partial_rotary_factor", "mrope_section", "mrope_interleaved",
            # read by the attention, not the table (Ministral 3 / Mistral 4: Llama-4 query temperature
            # 1 + beta * log(1 + floor(position / L0)), see docs/hf.md); transformers' validation skips them too
-           "llama_4_scaling_beta", "max_position_embeddings"}
+           "llama_4_scaling_beta", "max_position_embeddings",
+           "interleaved"}  # Qwen3-Omni's config class declares it (ignore_keys_at_rope_validation); nothing reads it
 _KEYS = {
     "default": set(),
     "linear": {"factor"},
@@ -170,10 +171,23 @@ def _hw_alternating(section: Any, where: str) -> list[int]:
     return [0, 1, 1] * section[0] + [section[2]]
 
 
+# HunYuan's "dynamic" with `alpha`: keys its checkpoints carry that its NTK-alpha table never reads
+_NTK_ALPHA_UNREAD = ("factor", "beta_fast", "beta_slow", "mscale", "mscale_all_dim")
+
+
+def _ntk_alpha(params: Mapping[str, Any], where: str) -> sc.NTKAware:
+    """HunYuan's static NTK-alpha (its "dynamic" label with a fixed `alpha`): base * alpha**(d / (d - 2))."""
+    _check_keys({k: v for k, v in params.items() if k not in ("alpha", *_NTK_ALPHA_UNREAD)}, "default", where)
+    with prefix(where, rename={"factor": "alpha"}):
+        return sc.NTKAware(params["alpha"])
+
+
 def build_rope(cfg: dict[str, Any], conv: Convention, params: Mapping[str, Any], where: str) -> Rope:
     """The `Rope` of one rope-parameter dict `params` (found at `where`) of the text config `cfg`."""
     rope_type = rope_type_of(params, where, conv)
-    _check_keys(params, rope_type, where)
+    ntk_alpha = conv.ntk_alpha and rope_type == "dynamic" and params.get("alpha") not in (None, 0)
+    if not ntk_alpha:
+        _check_keys(params, rope_type, where)
     if conv.fixed_table:  # GPT-J's table is hard-wired: base 10000, unscaled (rope_types refuses any scaling)
         theta = params.get("rope_theta", cfg.get(conv.theta_key))
         if theta not in (None, conv.default_theta):
@@ -194,7 +208,7 @@ def build_rope(cfg: dict[str, Any], conv: Convention, params: Mapping[str, Any],
     if width % 2:
         fail("head_dim", "an even number of channels (RoPE rotates pairs)", width)
     rotary = _rotary_dim(cfg, params, rope_type, conv, width, where)
-    scaling = _scaling(rope_type, params, cfg, conv, where)
+    scaling = _ntk_alpha(params, where) if ntk_alpha else _scaling(rope_type, params, cfg, conv, where)
     pairing = conv.pairing
     flag = cfg.get("rope_interleave") if conv.reads_rope_interleave else None  # (DeepSeek-V3.2 ignores it)
     if pairing == "interleaved_to_split_half" and flag is False:
