@@ -240,3 +240,25 @@ def test_qwen3_omni_interleaved_key_is_accepted_and_unread():
     flagged = {**cfg, "rope_parameters": {**cfg["rope_parameters"], "interleaved": True}}
     _hf(flagged)  # transformers' config class takes it without a word (ignore_keys_at_rope_validation)
     assert posenc.Rope.from_hf_config(flagged) == posenc.Rope.from_hf_config(cfg)
+
+
+def test_mistral_large4_nope_layers_and_kv_sources_match_transformers():
+    from transformers.models.mistral_large4 import modeling_mistral_large4 as m
+
+    config = _hf({"model_type": "mistral_large4_text", "num_hidden_layers": 9,
+                  "kv_source_layers": [0, 1, 1, 3, 4, 4, 6, 3, 6]})  # layers 3 and 7 have no RoPE
+    ropes, sources = posenc.hf.layer_ropes(config), posenc.hf.kv_sources(config)
+    assert sources == (None, None, 1, None, None, 4, None, 3, 6)
+    modes = config.kv_sharing_modes
+    for i in range(9):
+        with torch.device("meta"):
+            attention = m.MistralLarge4TextAttention(config, i)
+        assert (ropes[i] is not None) == bool(attention.use_rope)  # every 4th layer: no RoPE
+        assert (sources[i] is not None) == modes[i].startswith("reuse") if modes[i] else sources[i] is None
+    # transformers would read layer 1's keys for layer 4 (the last RoPE layer that stores), not layer 3's (NoPE)
+    with pytest.raises(PosencError, match=r"kv_source_layers'\]\[4\]: expected 1, the last earlier layer that stores"):
+        posenc.hf.kv_sources(_hf({"model_type": "mistral_large4_text", "num_hidden_layers": 6,
+                                  "kv_source_layers": [0, 1, 1, 3, 3, 5]}))
+    with pytest.raises(PosencError, match=r"kv_source_layers'\]\[2\]: expected a layer that computes its own keys"):
+        posenc.hf.kv_sources({"model_type": "mistral_large4_text", "num_hidden_layers": 3, "hidden_size": 64,
+                              "num_attention_heads": 2, "kv_source_layers": [0, 0, 1]})

@@ -126,8 +126,11 @@ MODEL_TYPES: dict[str, Convention] = {
                      "helium", "moonshine", "moonshine_streaming", "openai_privacy_filter", "pe_audio_encoder", "pe_audio_video_encoder",
                      "pe_video_encoder"), _INTERLEAVED),
     **dict.fromkeys(("deepseek_v32", "axk2"), Convention(**_MLA_ALWAYS_INTERLEAVED, indexer="split_half")),
-    **dict.fromkeys(("glm_moe_dsa", "dots3_note", "dots3_note_text", "mistral_large4", "mistral_large4_text"),
+    **dict.fromkeys(("glm_moe_dsa", "dots3_note", "dots3_note_text"),
                     Convention(**_MLA_ALWAYS_INTERLEAVED, indexer="interleaved_to_split_half")),
+    # Mistral Large 4: also every no_rope_layers[i] == 0 layer (default every 4th) applies no RoPE
+    **dict.fromkeys(("mistral_large4", "mistral_large4_text"), Convention(
+        **_MLA_ALWAYS_INTERLEAVED, indexer="interleaved_to_split_half", nope="no_rope_layers")),
     "bailing_hybrid": Convention(**_MLA_ALWAYS_INTERLEAVED),
     **dict.fromkeys(("hunyuan_v1_dense", "hunyuan_v1_moe"), Convention(partial=1.0, reads_class=True, ntk_alpha=True)),
     # DeepSeek-V4: interleaved pairs on the trailing rope slice of each head ([nope | rope]); two tables by branch
