@@ -60,6 +60,35 @@ def test_ernie_vl_bad_sections_name_the_key(section, match):
         posenc.hf.rope_by_layer_type(cfg)
 
 
+# ------------------------------------------------------------------------------ Qwen3.5: partial interleaved M-RoPE
+@pytest.mark.parametrize("section", [[3, 3, 2], [2, 3, 3], [4, 2, 2]])
+def test_qwen3_5_partial_interleaved_mrope_matches_transformers(section):
+    from transformers.models.qwen3_5 import modeling_qwen3_5 as m
+
+    cfg = {"model_type": "qwen3_5_text", "hidden_size": 64, "num_attention_heads": 2, "num_key_value_heads": 1,
+           "head_dim": 36, "num_hidden_layers": 2, "vocab_size": 32, "layer_types": ["full_attention"] * 2,
+           "rope_parameters": {"rope_type": "default", "rope_theta": 1e7, "partial_rotary_factor": 0.5,
+                               "mrope_section": section, "mrope_interleaved": True}}  # 18 rotary channels: 9 pairs
+    config = _hf(cfg)
+    rope = posenc.hf.rope_by_layer_type(cfg)["full_attention"]
+    assert (rope.rotary_dim, rope.mrope_interleaved) == (18, True)
+    gen = torch.Generator().manual_seed(sum(section))
+    q, k = torch.randn(2, 2, 7, 36, generator=gen), torch.randn(2, 1, 7, 36, generator=gen)
+    pos = _axes(gen, 7).expand(3, 2, 7)
+    cos, sin = m.Qwen3_5TextRotaryEmbedding(config)(q, pos)
+    want = m.apply_rotary_pos_emb(q, k, cos, sin)
+    assert all(torch.equal(a, b) for a, b in zip(rope.apply(q, k, pos), want))
+    # the 2x2 oracle from the stated rule: pair j follows H if j % 3 == 1 and j < 3 s_h, W if j % 3 == 2 and
+    # j < 3 s_w, else T; the pass-through channels 18.. are untouched
+    axis = torch.tensor([1 if j % 3 == 1 and j < 3 * section[1] else 2 if j % 3 == 2 and j < 3 * section[2] else 0
+                         for j in range(9)])
+    inv = (1.0 / 1e7 ** (torch.arange(0, 18, 2, dtype=torch.int64).float() / 18)).double()  # [9]
+    angles = pos.double()[axis].permute(1, 2, 0) * inv  # [b, t, 9]
+    got = rope.apply(q, k, pos, precision="exact")[0]
+    assert torch.allclose(got.double(), rotate_angles(q, angles[:, None], "split_half"), atol=1e-5)
+    assert torch.equal(got[..., 18:], q[..., 18:])
+
+
 # ------------------------------------------------------------------------------ DSA indexers
 DSA = {"hidden_size": 64, "num_attention_heads": 2, "num_key_value_heads": 2, "num_hidden_layers": 2,
        "vocab_size": 32, "q_lora_rank": 16, "kv_lora_rank": 16, "qk_rope_head_dim": 16, "qk_nope_head_dim": 16,
