@@ -12,7 +12,11 @@ with `posenc.hf.rope_by_layer_type`, from the `PretrainedConfig` and from its `t
 - "refused": posenc raised `PosencError`; the reason is its message;
 - "differs": posenc built a Rope whose table is not transformers';
 - "crash": anything else raised in posenc (a bug); "no reference": transformers itself cannot build the
-  table from the defaults (the reason says why), or the model type's rotary class is a vision tower only.
+  table from the defaults (the reason says why), or its only rotary class is one posenc has no reading for.
+
+A model type without a text (or audio) table whose config holds a vision tower with rope type "axial" is
+compared through `posenc.hf.vision_rope` instead (`check_axial`): the per-pair table at (row, column) patch
+positions, the pairing its table layout implies, and the tower's `apply_rotary_pos_emb_vision` where it has one.
 
 Nothing here comes from posenc except the call under test.
 """
@@ -146,8 +150,8 @@ def _hf_rotate(module, rotary, positions, layer_type, q, k):
             except RuntimeError:  # Llama 4 takes [b, t, h, d]
                 return tuple(x.transpose(1, 2) for x in apply(q.transpose(1, 2), k.transpose(1, 2), out))
         apply = getattr(module, "apply_rotary_pos_emb", None)
-        if getattr(getattr(rotary, "config", None), "rope_interleave", False) and hasattr(module, "apply_rotary_pos_emb_interleave"):
-            apply = module.apply_rotary_pos_emb_interleave  # DeepSeek-V3: the attention picks it by the flag
+        if _attention_interleaves(module, rotary):
+            apply = module.apply_rotary_pos_emb_interleave
         if apply is None or len([p for p in inspect.signature(apply).parameters.values()
                                  if p.default is inspect.Parameter.empty]) != 4:
             return None
@@ -160,6 +164,26 @@ def _hf_rotate(module, rotary, positions, layer_type, q, k):
             r = cos.shape[-1]
             q_rot, k_rot = apply(q[..., :r], k[..., :r], cos, sin)
             return torch.cat((q_rot, q[..., r:]), -1), torch.cat((k_rot, k[..., r:]), -1)
+
+
+def _attention_interleaves(module, rotary) -> bool:
+    """Whether the main attention rotates with `apply_rotary_pos_emb_interleave`: by the config's flag
+    (DeepSeek-V3's `rope_interleave`), or always (DeepSeek-V3.2, GLM-MoE-DSA: their attention calls it with no
+    flag, and `apply_rotary_pos_emb` is their indexer's)."""
+    if not hasattr(module, "apply_rotary_pos_emb_interleave"):
+        return False
+    if getattr(getattr(rotary, "config", None), "rope_interleave", False):
+        return True
+    # the attention of the rotary class's own model (Dots3NoteText... vs Dots3NoteAudio...), else every attention
+    prefix = type(rotary).__name__.removesuffix("RotaryEmbedding")
+    classes = [cls for name, cls in vars(module).items() if name.endswith("Attention") and inspect.isclass(cls)
+               and cls.__module__ == module.__name__ and "forward" in vars(cls)]
+    own = [cls for cls in classes if cls.__name__ == prefix + "Attention"]
+    for cls in own or classes:
+        source = inspect.getsource(cls.forward)
+        if "apply_rotary_pos_emb_interleave(" in source and "rope_interleave" not in source:
+            return True
+    return False
 
 
 def _has_table(rotary, positions, layer_type) -> bool:
@@ -209,6 +233,7 @@ def _compare(rope, module, rotary, positions, layer_type) -> tuple[str, bool]:
     c, s = _pairs(cos_hf, rope.rotary_dim), _pairs(sin_hf, rope.rotary_dim)
     if c is None or s is None:
         return f"{layer_type}: transformers' table has {cos_hf.shape[-1]} channels, posenc rotary_dim {rope.rotary_dim}", False
+    s = s * rope.direction  # nanochat's table is +theta and its apply turns by -theta: the rotation below decides
     err = max((c - cos).abs().max().item(), (s - sin).abs().max().item())
     if err > TOL:
         return f"{layer_type}: cos/sin differ by {err:.3g}", False
@@ -232,16 +257,37 @@ def _compare(rope, module, rotary, positions, layer_type) -> tuple[str, bool]:
     inv = _hf_inv_freq(rotary, layer_type)
     if inv is not None and inv.numel() == rope.rotary_dim // 2:
         ours = rope.inv_freq(max(positions) + 1)[0]
-        if not torch.allclose(inv.float(), ours, rtol=1e-6, atol=0):
+        if not torch.allclose(inv.float(), ours, rtol=1e-6, atol=0) and not torch.equal(inv.float().sort().values, ours.sort().values):
+            # (a permutation of the ladder passes: Ernie 4.5 VL keeps its buffer pre-permuted; the per-pair
+            # tables compared above are what its attention uses)
             return f"{layer_type}: inverse frequencies differ by {(inv.float() - ours).abs().max().item():.3g}", False
     return "", bitwise
 
 
-def _positions(rotary, sub) -> tuple[int, ...]:
+def rope_keys(module, rotary, sub) -> dict[str, str]:
+    """`{layer type: the key of transformers' table}` where the rotary class keys its tables by branch, not by
+    layer type (DeepSeek-V4's "main" / "compress"): read from the attention class's own `rope_layer_type`, built
+    on the meta device for one layer of each type; {} when the rotary class knows the layer types."""
+    types = list(dict.fromkeys(getattr(sub, "layer_types", None) or []))
+    known = getattr(rotary, "layer_types", None)
+    attention = getattr(module, type(rotary).__name__.removesuffix("RotaryEmbedding") + "Attention", None)
+    if not types or not known or set(types) <= set(known) or attention is None:
+        return {}
+    out = {}
+    for layer_type in types:
+        with torch.device("meta"):
+            layer = attention(sub, sub.layer_types.index(layer_type))
+        if getattr(layer, "rope_layer_type", None) is not None:
+            out[layer_type] = layer.rope_layer_type
+    return out
+
+
+def _positions(rotary, sub, keys) -> tuple[int, ...]:
     """POSITIONS, or those inside the table of a class with a fixed-length table (GPT-J); checks the call runs
     (for the first layer type transformers has a table for: LFM3's "conv" layers have none)."""
     error: Exception = RuntimeError("no layer type")
     for layer_type in list(dict.fromkeys(getattr(sub, "layer_types", None) or [])) or [None]:
+        layer_type = keys.get(layer_type, layer_type)
         try:
             _hf_tables(rotary, POSITIONS, layer_type)
             return POSITIONS
@@ -252,6 +298,72 @@ def _positions(rotary, sub) -> tuple[int, ...]:
         except KeyError as e:
             error = e
     raise error
+
+
+VISION_POSITIONS = ((0, 0), (0, 1), (1, 0), (3, 2), (7, 13), (40, 5), (1, 63))  # (row, column) patches
+
+
+def check_axial(model_type, module, config) -> Outcome | None:
+    """A vision tower's axial table (`rope_type: axial`) against `posenc.hf.vision_rope`; None if the module has
+    no vision rotary class that transformers can build and call on `[n, 2]` patch positions."""
+    import posenc.hf
+    from posenc import PosencError
+
+    pos = torch.tensor(VISION_POSITIONS)  # [n, 2]
+    for sub in _sub_configs(config):
+        if (getattr(sub, "rope_parameters", None) or {}).get("rope_type") != "axial":
+            continue
+        for name, cls in vars(module).items():
+            if not (name.endswith("RotaryEmbedding") and inspect.isclass(cls) and cls.__module__ == module.__name__):
+                continue
+            try:
+                with torch.no_grad():
+                    cos_hf, sin_hf = cls(sub)(torch.zeros(1), pos)[:2]
+            except Exception:  # noqa: BLE001 - not this class, or transformers cannot build it
+                continue
+            where = type(sub).__name__
+            for form in (sub, sub.to_dict()):
+                try:
+                    rope = posenc.hf.vision_rope(form)
+                except PosencError as e:
+                    return Outcome(model_type, "refused", str(e), sub_config=where)
+                except Exception as e:  # noqa: BLE001
+                    return Outcome(model_type, "crash", f"{type(e).__name__}: {e}", sub_config=where)
+                why = _compare_axial(rope, module, cos_hf, sin_hf, pos)
+                if why:
+                    return Outcome(model_type, "differs", why, sub_config=where)
+            cos, sin = rope.cos_sin(pos)
+            bitwise = torch.equal(_pairs(cos_hf, rope.head_dim), cos.double())
+            return Outcome(model_type, "exact", bitwise=bitwise and torch.equal(_pairs(sin_hf, rope.head_dim),
+                                                                                sin.double()), sub_config=where)
+    return None
+
+
+def _compare_axial(rope, module, cos_hf, sin_hf, pos) -> str:
+    cos, sin = rope.cos_sin(pos)  # [n, head_dim/2]
+    c, s = _pairs(cos_hf, rope.head_dim), _pairs(sin_hf, rope.head_dim)
+    if c is None or s is None:
+        return f"transformers' vision table has {cos_hf.shape[-1]} channels, posenc head_dim {rope.head_dim}"
+    err = max((c - cos.double()).abs().max().item(), (s - sin.double()).abs().max().item())
+    if err > TOL:
+        return f"vision cos/sin differ by {err:.3g}"
+    full = cos_hf.reshape(-1, cos_hf.shape[-1])
+    layout = "split_half" if torch.equal(full[:, : rope.head_dim // 2], full[:, rope.head_dim // 2:]) else "interleaved"
+    if layout != rope.pairing:  # the table's duplication says how the tower pairs channels
+        return f"transformers' vision table pairs {layout}, posenc {rope.pairing}"
+    apply = getattr(module, "apply_rotary_pos_emb_vision", None)
+    if apply is not None and len([p for p in inspect.signature(apply).parameters.values()
+                                  if p.default is inspect.Parameter.empty]) == 4:
+        gen = torch.Generator().manual_seed(0)
+        q = torch.randn(len(pos), 3, rope.head_dim, generator=gen)  # [patches, h, d]
+        try:
+            theirs = apply(q, q.flip(0), cos_hf, sin_hf)[0]
+        except RuntimeError:
+            return ""  # another signature ([b, h, t, d]): the table and its layout are compared above
+        err = (theirs - rope.rotate(q, pos)).abs().max().item()
+        if err > 1e-4:
+            return f"the vision rotation differs by {err:.3g}"
+    return ""
 
 
 # The config classes whose defaults apply no RoPE anywhere, and the switch that turns it on (checked as well)
@@ -289,13 +401,14 @@ def check(model_type: str, module_name: str, overrides: dict | None = None) -> O
             continue
         try:
             rotary = cls(sub)
-            positions = _positions(rotary, sub)
+            keys = rope_keys(module, rotary, sub)
+            positions = _positions(rotary, sub, keys)
             break
         except Exception as e:  # noqa: BLE001 - transformers' own failure is a result, not ours
             rotary = None
             why = f"transformers: {cls.__name__}: {type(e).__name__}: {str(e)[:120]}"
     if rotary is None:
-        return Outcome(model_type, "no reference", why)
+        return check_axial(model_type, module, config) or Outcome(model_type, "no reference", why)
     types = tuple(dict.fromkeys(getattr(sub, "layer_types", None) or ())) or (None,)
     bitwise, compared = True, 0
     # posenc reads the model's config (it finds the language model's text_config itself); a table that belongs to
@@ -317,11 +430,12 @@ def check(model_type: str, module_name: str, overrides: dict | None = None) -> O
             for rope in mine:
                 if rope is None:
                     continue  # posenc says this layer type applies no RoPE (checked by the NoPE tests)
-                if layer_type is not None and not _has_table(rotary, positions, layer_type):
+                hf_type = keys.get(layer_type, layer_type)  # transformers' table of this layer type
+                if layer_type is not None and not _has_table(rotary, positions, hf_type):
                     return Outcome(model_type, "differs", f"{layer_type}: posenc builds a Rope where transformers "
                                    "has no table", layer_types=types)
                 try:
-                    why, same = _compare(rope, module, rotary, positions, layer_type)
+                    why, same = _compare(rope, module, rotary, positions, hf_type)
                 except Exception as e:  # noqa: BLE001
                     return Outcome(model_type, "crash", f"comparing {layer_type}: {type(e).__name__}: {e}", layer_types=types)
                 if why:

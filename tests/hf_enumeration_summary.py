@@ -20,8 +20,8 @@ def summary(outcomes: list[Outcome]) -> str:
     counts = {k: sum(o.outcome == k for o in ref) for k in ("exact", "no rope", "refused", "differs", "crash")}
     lines = [BEGIN, "",
              f"transformers {transformers.__version__}: {len(outcomes)} model types whose modeling file defines a "
-             f"`*RotaryEmbedding` class; {len(ref)} of them build a text (or audio) rotary table from their config "
-             f"class's defaults. Of those: **{counts['exact']} exact** ({100 * counts['exact'] / max(len(ref), 1):.1f} %), "
+             f"`*RotaryEmbedding` class; {len(ref)} of them build a text (or audio) rotary table, or a vision "
+             f"tower's axial one, from their config class's defaults. Of those: **{counts['exact']} exact** ({100 * counts['exact'] / max(len(ref), 1):.1f} %), "
              f"{counts['no rope']} with no RoPE layer by posenc's reading, {counts['refused']} refused, {counts['differs']} differ, {counts['crash']} crash "
              f"({sum(o.bitwise for o in ref)} bit-identical). Positions {list(POSITIONS)}, every layer type, "
              "from the `PretrainedConfig` and from its `to_dict()`.", "",

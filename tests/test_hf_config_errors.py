@@ -30,7 +30,6 @@ CASES = [
     ("empty", {}, None, r"config\['model_type'\]: expected a model type name such as 'llama'.*got nothing"),
     ("no-positions-model", cfg(model_type="mamba"), None,
      r"model_type'\]: expected a model whose rotation posenc models, got 'mamba', which applies no positional"),
-    ("negative-rotation", cfg(model_type="nanochat"), None, r"got 'nanochat', which applies a rotation by -theta"),
     ("bloom", cfg(model_type="bloom"), None, r"model_type'\]: expected a model that uses RoPE, got 'bloom'.*ALiBi"),
     ("t5", cfg(model_type="t5"), None, r"model_type'\]: .*got 't5'.*T5 relative"),
     ("gpt2", cfg(model_type="gpt2"), None, r"got 'gpt2'.*learned"),

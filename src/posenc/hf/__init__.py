@@ -5,6 +5,9 @@
 - `posenc.hf.rope`: one rope-parameter dict -> `Rope`; the rope types `ROPE_TYPES`.
 - `posenc.hf.layers`: `rope_from_hf_config(cfg, layer_type=None)` (behind `posenc.Rope.from_hf_config`),
   `layer_ropes` (one Rope or None per layer) and `rope_by_layer_type`.
+- `posenc.hf.branches`: `branch_ropes` (DeepSeek-V4's main / compress tables, DSA indexers) and `kv_sources`
+  (Gemma 3n / Gemma 4 layers that reuse rotated keys and rotate only q).
+- `posenc.hf.vision`: `vision_rope` (a vision tower's axial 2-D table, `posenc.rope.axial.AxialRope`).
 - `posenc.hf.temperature`: `layer_temperatures` (Llama 4's NoPE layers, Ministral 3's query temperature).
 - `posenc.hf.classes`: a dict's defaults and aliases from its transformers config class (types outside the table).
 - `posenc.hf.facts`: the position scheme, declared lengths, KV-cache size per token, decoder sizes.
@@ -22,14 +25,18 @@ from .facts import (
     position_scheme,
     scheme_facts,
 )
+from .branches import branch_ropes, kv_sources
 from .layers import layer_ropes, rope_by_layer_type, rope_from_hf_config
 from .rope import ROPE_TYPES
 from .temperature import layer_temperatures
+from .vision import vision_rope
 
 __all__ = [
     "rope_from_hf_config",
     "layer_ropes",
     "rope_by_layer_type",
+    "branch_ropes",
+    "kv_sources",
     "config_to_dict",
     "text_config",
     "head_dim",
@@ -46,4 +53,5 @@ __all__ = [
     "layer_types",
     "layer_windows",
     "layer_temperatures",
+    "vision_rope",
 ]

@@ -41,6 +41,8 @@ class Convention:
     mrope: bool = False  # multi-axis RoPE over [3, b, t] positions (mrope_section, else mrope_default)
     mrope_default: tuple[int, ...] = (16, 24, 24)  # the modeling code's section when the config has none
     mrope_interleaved: bool = False  # Qwen3-VL: frequency i follows axis i % 3 within the sections (else contiguous)
+    mrope_hw_alternating: bool = False  # Ernie 4.5 VL: mrope_section [s_h, s_w, s_t]; the first 2 s_h frequencies
+    # alternate axis 1 (even) and axis 2 (odd), the last s_t follow axis 0 (its pre-rotated inv_freq, undone)
     local_theta: tuple[str | None, float] | None = None  # per-layer RoPE: (4.x key, default) of the sliding theta
     layer_pattern: tuple[str | None, int] | None = None  # (key, default) n: layer i is full iff (i + 1) % n == 0
     window_layers: str | None = None  # Qwen families: which layers slide once use_sliding_window is true, see
@@ -52,6 +54,13 @@ class Convention:
     default_params: tuple[tuple[str, Any], ...] = ()  # the config class's rope parameters when config.json has none
     qkv_bias: bool | str = "attention_bias"  # q/k/v projection bias: a constant or the config key that sets it
     o_bias: bool | str = "attention_bias"  # output projection bias: a constant or the config key
+    direction: int = 1  # the sign of the rotation angle (Rope.direction; nanochat: -1)
+    reads_rope_interleave: bool = True  # MLA: the attention picks its pairing by config['rope_interleave']
+    ntk_alpha: bool = False  # HunYuan: a "dynamic" dict with `alpha` is static NTK-alpha (base * alpha**(d/(d-2)))
+    rope_keys: tuple[tuple[str | None, str], ...] = ()  # (layer type, its rope_parameters key) where the dicts
+    # are keyed by branch (DeepSeek-V4: sliding layers "main", every other type (None) "compress")
+    indexer: str | None = None  # DSA lightning indexer: the pairing it rotates the leading qk_rope_head_dim channels
+    # of its index_head_dim heads with (the model's table); None: no indexer (posenc.hf.branch_ropes)
     refused: str | None = None  # what posenc does not model about this family's rotation (it refuses the type)
     reads_class: bool = False  # a dict's other facts (defaults, aliases) come from its config class when
     # transformers is importable (posenc.hf.classes); False: this row states every default itself
@@ -66,6 +75,10 @@ _INTERLEAVED = Convention(pairing="interleaved", partial=1.0, reads_class=True)
 # DeepSeek-style MLA (a config with qk_rope_head_dim): RoPE on the rope slice only; with rope_interleave the
 # attention de-interleaves that slice before a split-half rotation
 GENERIC_MLA = Convention(partial=1.0, rope_width=("qk_rope_head_dim", 64), reads_class=True)
+# MLA whose attention de-interleaves its rope slice whatever config['rope_interleave'] says (DeepSeek-V3.2 and the
+# DSA families: they call apply_rotary_pos_emb_interleave unconditionally); their indexers differ in pairing
+_MLA_ALWAYS_INTERLEAVED = dict(pairing="interleaved_to_split_half", partial=1.0, rope_width=("qk_rope_head_dim", 64),
+                               reads_class=True, reads_rope_interleave=False)
 _GLM = Convention(pairing="interleaved", partial=0.5, head_dim=128)
 _QWEN2 = Convention(qkv_bias=True, o_bias=False, window_layers="from_max_window_layers")
 _MROPE_ALIAS = (("mrope", "default"),)  # the 4.x rope type name of M-RoPE, renamed by the VL config classes
@@ -112,6 +125,17 @@ MODEL_TYPES: dict[str, Convention] = {
                      "ernie4_5", "ernie4_5_moe", "ernie4_5_vl_moe", "ernie4_5_vl_moe_text", "glm_ocr", "glm_ocr_text",
                      "helium", "moonshine", "moonshine_streaming", "openai_privacy_filter", "pe_audio_encoder", "pe_audio_video_encoder",
                      "pe_video_encoder"), _INTERLEAVED),
+    **dict.fromkeys(("deepseek_v32", "axk2"), Convention(**_MLA_ALWAYS_INTERLEAVED, indexer="split_half")),
+    **dict.fromkeys(("glm_moe_dsa", "dots3_note", "dots3_note_text"),
+                    Convention(**_MLA_ALWAYS_INTERLEAVED, indexer="interleaved_to_split_half")),
+    # Mistral Large 4: also every no_rope_layers[i] == 0 layer (default every 4th) applies no RoPE
+    **dict.fromkeys(("mistral_large4", "mistral_large4_text"), Convention(
+        **_MLA_ALWAYS_INTERLEAVED, indexer="interleaved_to_split_half", nope="no_rope_layers")),
+    "bailing_hybrid": Convention(**_MLA_ALWAYS_INTERLEAVED),
+    **dict.fromkeys(("hunyuan_v1_dense", "hunyuan_v1_moe"), Convention(partial=1.0, reads_class=True, ntk_alpha=True)),
+    # DeepSeek-V4: interleaved pairs on the trailing rope slice of each head ([nope | rope]); two tables by branch
+    "deepseek_v4": Convention(pairing="interleaved", partial=1.0, rope_width=("qk_rope_head_dim", 64), reads_class=True,
+                              rope_keys=(("sliding_attention", "main"), (None, "compress"))),
     "codegen": Convention(pairing="interleaved", rotary_width=("rotary_dim", 64), fixed_table=True, rope_types=("default",),
                           reads_class=True),
     "cohere2_moe": Convention(pairing="interleaved", nope="full", layer_pattern=("sliding_window_pattern", 4),
@@ -126,9 +150,9 @@ MODEL_TYPES: dict[str, Convention] = {
     "granitemoehybrid": Convention(partial=1.0, rope_flag=("position_embedding_type", "rope"), reads_class=True),  # its attention concatenates two widths
     **dict.fromkeys(("hy_v4_vl", "hy_v4_vl_text"), Convention(pairing="interleaved", partial=1.0,
                                                                rope_width=("qk_rope_head_dim", 64), reads_class=True)),
-    **dict.fromkeys(("ernie4_5_vl_moe", "ernie4_5_vl_moe_text"), Convention(refused=(
-        "3-D M-RoPE in its own layout (h and w frequencies interleaved, t last, pre-rotated inverse frequencies), "
-        "which posenc.rope.mrope does not model"))),
+    **dict.fromkeys(("ernie4_5_vl_moe", "ernie4_5_vl_moe_text"), Convention(
+        pairing="interleaved", partial=1.0, mrope=True, mrope_default=(22, 22, 20), mrope_hw_alternating=True,
+        reads_class=True)),
     **dict.fromkeys(("mamba", "mamba2", "falcon_mamba", "rwkv", "xlstm"), Convention(
         refused="no positional encoding at all (a recurrent / state-space model without attention layers)")),
     # multi-axis RoPE of the VL families (the modeling file's default section when the config has none)
@@ -146,8 +170,8 @@ MODEL_TYPES: dict[str, Convention] = {
                     Convention(partial=1.0, mrope=True, aliases=_MROPE_ALIAS, mrope_default=(8, 12, 12), reads_class=True)),
     **dict.fromkeys(("paddleocr_vl", "paddleocr_vl_text", "qwen2_5_omni", "qwen2_5_omni_thinker",
                      "qwen2_5_omni_text"), Convention(partial=1.0, mrope=True, aliases=_MROPE_ALIAS, reads_class=True)),
-    "nanochat": Convention(refused="a rotation by -theta (its rotate_half is cat(x2, -x1)): attention scores see "
-                           "position n - m where every other RoPE model sees m - n"),
+    # nanochat rotates by -theta (its rotate_half is cat(x2, -x1)): attention scores see n - m where others see m - n
+    "nanochat": Convention(partial=1.0, direction=-1, reads_class=True),
     "qwen2_vl": _QWEN_VL,
     "qwen2_vl_text": _QWEN_VL,
     "qwen2_5_vl": _QWEN_VL,

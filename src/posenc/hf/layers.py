@@ -166,12 +166,17 @@ def _builders(cfg: dict[str, Any], conv: Convention) -> dict[str | None, Callabl
         def build() -> Rope | None:
             if not _rotating(cfg, conv, name, None):
                 return None
-            if name not in layers and None not in layers:
+            keys = dict(conv.rope_keys)
+            key = keys.get(name, keys.get(None)) if keys else name  # DeepSeek-V4: a table per branch
+            if keys and key not in layers:
+                fail(f"config['rope_parameters']['{key}']", f"a dict of rope parameters for the {key!r} branch "
+                     f"(the {name} layers of {cfg['model_type']} read it)", MISSING)
+            if key not in layers and None not in layers:
                 fail(f"config['rope_parameters']['{name}']", "a dict of rope parameters for this layer type (this "
                      f"config keys its rope parameters by {sorted(map(str, layers))}, which are not its layer types: "
                      "a table per attention branch, which posenc.hf does not model; build each Rope from its dict)",
                      MISSING)
-            params, where = layers.get(name, layers.get(None))
+            params, where = layers.get(key, layers.get(None))
             if isinstance(params, PosencError):
                 raise params
             return None if params is None else build_rope(_layer_cfg(cfg, name), conv, params, where)

@@ -22,7 +22,8 @@ __all__ = ["ROPE_TYPES", "build_rope"]
 _COMMON = {"rope_type", "type", "rope_theta", "partial_rotary_factor", "mrope_section", "mrope_interleaved",
            # read by the attention, not the table (Ministral 3 / Mistral 4: Llama-4 query temperature
            # 1 + beta * log(1 + floor(position / L0)), see docs/hf.md); transformers' validation skips them too
-           "llama_4_scaling_beta", "max_position_embeddings"}
+           "llama_4_scaling_beta", "max_position_embeddings",
+           "interleaved"}  # Qwen3-Omni's config class declares it (ignore_keys_at_rope_validation); nothing reads it
 _KEYS = {
     "default": set(),
     "linear": {"factor"},
@@ -159,10 +160,34 @@ def _scaling(rope_type: str, p: Mapping[str, Any], cfg: Mapping[str, Any], conv:
                            attention_factor=attention)
 
 
+def _hw_alternating(section: Any, where: str) -> list[int]:
+    """Ernie 4.5 VL's [s_h, s_w, s_t] as posenc sections (block k follows axis k % 3): h, w alternate over the first
+    2 s_h frequencies, t drives the last s_t: `(0, 1, 1) * s_h + (s_t,)`. Its modeling code pre-permutes the
+    ladder so that frequency j keeps its own `inv_freq[j]`; only the axis map is its own."""
+    if len(section) != 3 or not all(isinstance(n, int) and n >= 0 for n in section) or section[0] != section[1] \
+            or section[2] == 0:
+        fail(f"{where}['mrope_section']", "3 integers [s_h, s_w, s_t] with s_h == s_w and s_t >= 1 (Ernie 4.5 VL "
+             "alternates h and w frequencies pair by pair; its code slices inv_freq[:-s_t], empty for 0)", section)
+    return [0, 1, 1] * section[0] + [section[2]]
+
+
+# HunYuan's "dynamic" with `alpha`: keys its checkpoints carry that its NTK-alpha table never reads
+_NTK_ALPHA_UNREAD = ("factor", "beta_fast", "beta_slow", "mscale", "mscale_all_dim")
+
+
+def _ntk_alpha(params: Mapping[str, Any], where: str) -> sc.NTKAware:
+    """HunYuan's static NTK-alpha (its "dynamic" label with a fixed `alpha`): base * alpha**(d / (d - 2))."""
+    _check_keys({k: v for k, v in params.items() if k not in ("alpha", *_NTK_ALPHA_UNREAD)}, "default", where)
+    with prefix(where, rename={"factor": "alpha"}):
+        return sc.NTKAware(params["alpha"])
+
+
 def build_rope(cfg: dict[str, Any], conv: Convention, params: Mapping[str, Any], where: str) -> Rope:
     """The `Rope` of one rope-parameter dict `params` (found at `where`) of the text config `cfg`."""
     rope_type = rope_type_of(params, where, conv)
-    _check_keys(params, rope_type, where)
+    ntk_alpha = conv.ntk_alpha and rope_type == "dynamic" and params.get("alpha") not in (None, 0)
+    if not ntk_alpha:
+        _check_keys(params, rope_type, where)
     if conv.fixed_table:  # GPT-J's table is hard-wired: base 10000, unscaled (rope_types refuses any scaling)
         theta = params.get("rope_theta", cfg.get(conv.theta_key))
         if theta not in (None, conv.default_theta):
@@ -183,11 +208,12 @@ def build_rope(cfg: dict[str, Any], conv: Convention, params: Mapping[str, Any],
     if width % 2:
         fail("head_dim", "an even number of channels (RoPE rotates pairs)", width)
     rotary = _rotary_dim(cfg, params, rope_type, conv, width, where)
-    scaling = _scaling(rope_type, params, cfg, conv, where)
+    scaling = _ntk_alpha(params, where) if ntk_alpha else _scaling(rope_type, params, cfg, conv, where)
     pairing = conv.pairing
-    if pairing == "interleaved_to_split_half" and cfg.get("rope_interleave", True) is False:
+    flag = cfg.get("rope_interleave") if conv.reads_rope_interleave else None  # (DeepSeek-V3.2 ignores it)
+    if pairing == "interleaved_to_split_half" and flag is False:
         pairing = "split_half"  # DeepSeek-V3 with rope_interleave=false
-    if conv.rope_width is not None and pairing == "split_half" and cfg.get("rope_interleave") is True:
+    if conv.rope_width is not None and pairing == "split_half" and flag is True:
         pairing = "interleaved_to_split_half"  # another MLA family with DeepSeek-V3's flag set
     section = None
     if conv.mrope:  # the family's layout; the Qwen2-VL family ignores mrope_interleaved (only Qwen3-VL interleaves)
@@ -199,10 +225,13 @@ def build_rope(cfg: dict[str, Any], conv: Convention, params: Mapping[str, Any],
             # interleaved: only s_h and s_w are read; every other frequency follows T (Qwen4-exp's default
             # [11, 11, 10] on a 256-channel head)
             section = [rotary // 2 - section[1] - section[2], section[1], section[2]]
+        if conv.mrope_hw_alternating:
+            section = _hw_alternating(section, where)
     softmax = 1.0
     if conv.rope_width is not None and isinstance(scaling, sc.YaRN):  # DeepSeek's softmax mscale
         softmax = scaling.softmax_scale_factor()
     with prefix(where):  # head_dim, rotary_dim and base are checked above: what fails here is the dict's
         return Rope(head_dim=width, rotary_dim=rotary, base=base, scaling=scaling, pairing=pairing,
                     mrope_section=None if section is None else tuple(section),
-                    mrope_interleaved=section is not None and conv.mrope_interleaved, softmax_scale_factor=softmax)
+                    mrope_interleaved=section is not None and conv.mrope_interleaved, softmax_scale_factor=softmax,
+                    direction=conv.direction)

@@ -22,16 +22,18 @@ window), and the H x W layout repeats for each of the T frames.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from ..errors import fail, integer, integer_tensor
+from ..errors import choice, fail, integer, integer_tensor
 from ..errors import positions as check_positions
 from . import tables
-from .scaling import default_inv_freq
+from .apply import apply_rope
+from .scaling import check_base, default_inv_freq
 
-__all__ = ["vision_patch_positions", "axial_cos_sin"]
+__all__ = ["vision_patch_positions", "axial_cos_sin", "AxialRope"]
 
 
 def vision_patch_positions(grid_thw: Any, spatial_merge_size: int = 2) -> torch.Tensor:
@@ -89,3 +91,55 @@ def axial_cos_sin(
     inv_freq = default_inv_freq(base, head_dim // axes)  # [head_dim / (2a)]
     theta = tables.angles(positions, inv_freq, precision)  # [..., a, head_dim / (2a)]
     return tables.cos_sin_from_angles(theta.flatten(-2))  # [..., head_dim/2]
+
+
+@dataclass(frozen=True)
+class AxialRope:
+    """One vision tower's axial RoPE: which axis fills which block of the table, and how channels pair.
+
+    Args:
+        head_dim: channels per head (all of them rotate); a multiple of 2 * len(axis_order).
+        base: theta of each axis' ladder (that of a RoPE of width head_dim / axes).
+        axis_order: the position column behind each block of the table, left to right: (0, 1) is
+            `[row angles | column angles]` (Qwen2-VL and most towers), (1, 0) `[column | row]` (Step3 vision,
+            Inkling 2).
+        pairing: "split_half" (the table repeated over both halves of the head) or "interleaved"
+            (each angle on channels 2i, 2i + 1).
+    Raises:
+        PosencError: a head_dim the axes do not divide, a bad base, an order that is not a permutation, or an
+            unknown pairing.
+
+        >>> rope = AxialRope(head_dim=8, axis_order=(1, 0))
+        >>> cos, sin = rope.cos_sin(torch.tensor([[0, 3]]))        # one patch: row 0, column 3
+        >>> [round(v, 4) for v in sin[0].tolist()]                  # [column angles | row angles]
+        [0.1411, 0.03, 0.0, 0.0]
+    """
+
+    head_dim: int
+    base: float = 10000.0
+    axis_order: tuple[int, ...] = (0, 1)
+    pairing: str = "split_half"
+
+    def __post_init__(self) -> None:
+        order = tuple(integer(f"axis_order[{i}]", a, min=0) for i, a in enumerate(self.axis_order))
+        if sorted(order) != list(range(len(order))) or not order:
+            fail("axis_order", "a permutation of the position columns, such as (0, 1) or (1, 0)", self.axis_order)
+        what = f"a positive multiple of 2 * {len(order)} axes"
+        if integer("head_dim", self.head_dim, min=1, what=what) % (2 * len(order)):
+            fail("head_dim", what, self.head_dim)
+        object.__setattr__(self, "axis_order", order)
+        object.__setattr__(self, "base", check_base(self.base))
+        choice("pairing", self.pairing, ("split_half", "interleaved"))
+
+    def cos_sin(self, positions: torch.Tensor, precision: str = "float32") -> tuple[torch.Tensor, torch.Tensor]:
+        """Per-pair tables `[..., head_dim/2]` for positions `[..., axes]` (one column per axis, as the tower's
+        `(row, column)` patch positions); see `axial_cos_sin`."""
+        if not isinstance(positions, torch.Tensor) or positions.ndim == 0 or positions.shape[-1] != len(self.axis_order):
+            fail("positions", f"an integer tensor [..., {len(self.axis_order)}] (one column per axis)", positions)
+        order = torch.tensor(self.axis_order, device=positions.device)
+        return axial_cos_sin(positions.index_select(-1, order), self.head_dim, self.base, precision)
+
+    def rotate(self, x: torch.Tensor, positions: torch.Tensor, *, layout: str = "thd") -> torch.Tensor:
+        """`x` (`[patches, h, head_dim]` for "thd", or "bhtd" / "bthd") rotated at `positions [patches, axes]`."""
+        cos, sin = self.cos_sin(positions)  # [patches, head_dim/2]
+        return apply_rope(x, cos, sin, pairing=self.pairing, layout=layout)

@@ -8,7 +8,11 @@ Positions (Qwen's `get_rope_index`, as transformers 4.49-4.51 shipped it):
 - `time(f) = f` (Qwen2-VL, `tokens_per_second=None`), or, with `tokens_per_second` (Qwen2.5-VL),
   `trunc(f * second_per_grid * tokens_per_second)` for videos and 0 for still images. The product is
   computed as the reference computes it: float32 for Python numbers and float32 tensors (so 1.3 is
-  float32(1.3)), in the tensor's own dtype otherwise.
+  float32(1.3)), in the tensor's own dtype otherwise;
+- Qwen3-VL / Qwen3.5 (`timestamps=True`): a video of T temporal patches is written as T single-frame blocks,
+  each after its own timestamp text (`<t1> <vision_start> frame 1 <vision_end> <t2> <vision_start> ...`), so
+  time lives in the text; each frame block is placed as a (1, H, W) image by the rule above (every token of a
+  frame shares the T position of the frame's start).
 
     >>> pos, next_start = mrope_segment_positions([("text", 2), ("image", 1, 4, 4), ("text", 1)])
     >>> pos.tolist(), next_start
@@ -22,7 +26,7 @@ from typing import Any, Sequence
 
 import torch
 
-from ..errors import fail, integer, integer_tensor, real
+from ..errors import boolean, fail, integer, integer_tensor, real
 
 __all__ = ["mrope_segment_positions", "mrope_position_ids"]
 
@@ -212,6 +216,7 @@ def mrope_position_ids(
     vision_start_token_id: int,
     spatial_merge_size: int = 2,
     tokens_per_second: int | float | None = None,
+    timestamps: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """M-RoPE positions for prompts mixing text, images and videos (Qwen2-VL / Qwen2.5-VL `get_rope_index`).
 
@@ -230,13 +235,16 @@ def mrope_position_ids(
         spatial_merge_size: patches merged per side into one LLM token (`vision_config.spatial_merge_size`).
         tokens_per_second: None for Qwen2-VL (temporal index = frame index); a number
             (`vision_config.tokens_per_second`) for Qwen2.5-VL's `trunc(frame * second_per_grid * tps)`.
+        timestamps: Qwen3-VL / Qwen3.5 / Qwen3-VL-MoE: each row (T, H, W) of `video_grid_thw` stands for T
+            single-frame blocks (1, H, W), one per timestamped frame in `input_ids`, in order.
     Returns:
         `(position_ids [3, b, t] int64, deltas [b, 1] int64)`, `deltas = max position + 1 - t`: a token
         appended at index i (counting padding) of a row takes position `i + delta` on all three axes.
     Raises:
         PosencError: malformed inputs; grids whose token counts do not match the vision blocks in
             `input_ids` (or more/fewer grid rows than blocks); vision tokens outside a block;
-            `second_per_grid_ts` of the wrong length, negative or not finite.
+            `second_per_grid_ts` of the wrong length, negative or not finite; `timestamps` with
+            `tokens_per_second` or `second_per_grid_ts` (time is in the timestamp text then).
 
         >>> ids = torch.tensor([[7, 1, 2, 2, 2, 2, 7, 7]])           # text, vision start, 4 image tokens, text
         >>> pos, delta = mrope_position_ids(ids, image_grid_thw=torch.tensor([[1, 4, 4]]),
@@ -266,6 +274,12 @@ def mrope_position_ids(
     tokens_per_second = check_tokens_per_second(tokens_per_second)
     grids = {"image": _grid_rows("image_grid_thw", image_grid_thw, merge),
              "video": _grid_rows("video_grid_thw", video_grid_thw, merge)}
+    if boolean("timestamps", timestamps):  # Qwen3-VL: one block per timestamped frame, time in the text
+        for name, value in (("tokens_per_second", tokens_per_second), ("second_per_grid_ts", second_per_grid_ts)):
+            if value is not None:
+                fail(name, "None with timestamps=True (Qwen3-VL writes each frame's time as text, not as a "
+                     "position)", value)
+        grids["video"] = [(1, h, w) for t, h, w in grids["video"] for _ in range(t)]  # T rows of (1, H, W)
     seconds = _seconds_per_video(second_per_grid_ts, len(grids["video"]), tokens_per_second)
     grids["video"] = [(*grid, s) for grid, s in zip(grids["video"], seconds)]
 

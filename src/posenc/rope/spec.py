@@ -43,6 +43,9 @@ class Rope:
         mrope_interleaved: Qwen3-VL's interleaved axis assignment instead of contiguous sections.
         softmax_scale_factor: extra multiplier on the attention softmax scale that the model applies
             (DeepSeek YaRN: `mscale(factor, mscale_all_dim)**2`); 1 for every other model.
+        direction: 1 (position p turns pair i by `+p * inv_freq[i]`, every model but one) or -1 (by
+            `-p * inv_freq[i]`: nanochat, whose rotate_half is `cat(x2, -x1)`). It is the sign of the angles
+            in every table (`cos_sin`, `table`); `inv_freq` stays the positive ladder.
     Raises:
         PosencError: odd or out-of-range widths, a non-positive or non-finite base, unknown pairings,
             sections that do not sum to rotary_dim / 2.
@@ -56,6 +59,7 @@ class Rope:
     mrope_section: tuple[int, ...] | None = None
     mrope_interleaved: bool = False
     softmax_scale_factor: float = 1.0
+    direction: int = 1
 
     def __post_init__(self) -> None:
         head = integer("head_dim", self.head_dim, min=1)
@@ -80,6 +84,8 @@ class Rope:
                 fail("mrope_section", f"sections summing to rotary_dim / 2 = {rotary // 2}", list(section))
             object.__setattr__(self, "mrope_section", section)
         object.__setattr__(self, "softmax_scale_factor", real("softmax_scale_factor", self.softmax_scale_factor, gt=0))
+        if type(self.direction) is not int or self.direction not in (1, -1):  # not True, not -1.0
+            fail("direction", "1 or -1 (the sign of the rotation angle)", self.direction)
         # Fail at construction, not at first use, if the scaling cannot serve this width.
         self.scaling.inv_freq(self.base, rotary, None)
 
@@ -112,6 +118,11 @@ class Rope:
     def inv_freq(self, seq_len: int | None = None) -> tuple[torch.Tensor, float]:
         """`([rotary_dim/2] float32 inverse frequencies, attention_factor)` at sequence length `seq_len`."""
         return self.scaling.inv_freq(self.base, self.rotary_dim, seq_len)  # type: ignore[arg-type]
+
+    def angle_freq(self, seq_len: int | None = None) -> tuple[torch.Tensor, float]:
+        """`inv_freq(seq_len)` with the rotation's sign: the angle of position p is `p * angle_freq[i]`."""
+        inv, factor = self.inv_freq(seq_len)
+        return (inv if self.direction == 1 else -inv), factor  # negation is exact: sin(-x) = -sin(x)
 
     def seq_len_for(self, position_ids: torch.Tensor, seq_len: int | None = None) -> int | None:
         """The length a length-dependent scaling sees: `seq_len` if given, else `max(position_ids) + 1`."""
@@ -151,7 +162,7 @@ class Rope:
             expected = "[3, b, t] positions" if self.mrope_section else "[t] or [b, t] (this Rope has no mrope_section)"
             fail("position_ids", expected, position_ids)
         tables.check_precision(precision)
-        inv, factor = self.inv_freq(self.seq_len_for(position_ids, seq_len))
+        inv, factor = self.angle_freq(self.seq_len_for(position_ids, seq_len))
         if multi_axis:  # [b, t, r/2], each frequency from the axis that drives it
             return mrope_cos_sin(position_ids, inv, self.mrope_section, interleaved=self.mrope_interleaved,
                                  attention_factor=factor, precision=precision)

@@ -90,7 +90,7 @@ def make_table(rope: "Rope", rows: int, *, seq_len: int | None, precision: str, 
     """The table of `rope` at positions `0 .. rows-1` (see `Rope.table`)."""
     from . import tables
 
-    inv, factor = rope.inv_freq(seq_len)
+    inv, factor = rope.angle_freq(seq_len)  # [r/2], signed by the rope's direction
     positions = torch.arange(rows, device=device)  # [n]
     cos, sin = tables.cos_sin(positions, inv, factor, precision)  # [n, r/2] each
     return RopeTable(rope, cos.contiguous(), sin.contiguous(), seq_len, precision)
