@@ -19,6 +19,8 @@
 #include <stdint.h>
 #include <string.h>
 #include <pthread.h>
+#include <stdatomic.h>
+#include <time.h>
 #if defined(__linux__)
 #include <sys/mman.h>
 #endif
@@ -422,8 +424,16 @@ typedef struct {
     int64_t table_rows, half, rows_batch_stride;
     int32_t dtype, pairing;
     int32_t threads;               /* at most this many threads (the caller passes torch.get_num_threads()) */
-    int32_t huge_pages;            /* advise huge pages on fresh outputs of >= LARGE_OUTPUT_BYTES */
+    int32_t flags;                 /* FLAG_HUGE_PAGES | FLAG_CHECK_OVERLAP */
 } RopeArgs;
+
+enum {
+    FLAG_HUGE_PAGES = 1,    /* advise huge pages on fresh outputs of >= LARGE_OUTPUT_BYTES */
+    FLAG_CHECK_OVERLAP = 2, /* refuse (OVERLAP, nothing written) q and k whose inputs' memory ranges meet or that
+                             * have a broadcast dimension: the caller then decides exactly (rope/aliasing.py) */
+};
+#define BAD_ARGUMENTS (-((int64_t)1 << 62))
+#define OVERLAP (BAD_ARGUMENTS + 1)
 
 int64_t posenc_args_size(void) { return (int64_t)sizeof(RopeArgs); }
 
@@ -497,13 +507,175 @@ static void *work(void *arg) {
 
 #define MAX_THREADS 256
 #ifndef MIN_BYTES_PER_THREAD
-/* below this much data per thread a thread's start (~10-30 us) costs more than it saves */
-#define MIN_BYTES_PER_THREAD ((int64_t)512 << 10)
+/* below this much data per thread, waking a worker costs more than it saves (a spinning worker answers in
+ * well under a microsecond, a sleeping one in 5-50 us) */
+#define MIN_BYTES_PER_THREAD ((int64_t)128 << 10)
 #endif
+#ifndef POOL_SPIN_NS
+/* how long a worker (and a caller waiting for its workers) spins before sleeping: back-to-back calls (a
+ * decode step's layers) find it awake; an idle process has no thread spinning after this long */
+#define POOL_SPIN_NS 100000
+#endif
+
+/* ---- the worker pool ----------------------------------------------------------------------------------------
+ * A process-wide resource of the library, as OpenMP's pool is for torch: workers are started on the first
+ * call that wants them (never more than the largest thread count asked for, minus the calling thread), then
+ * wait for work, spinning POOL_SPIN_NS after each part and sleeping on a condition variable after that. Each
+ * call still uses at most its own `threads` (torch.get_num_threads() per call). One caller uses the pool at a
+ * time: a call that finds it busy (another Python thread, as ctypes releases the GIL) runs on its own thread,
+ * with the same results (each element is computed the same way whichever thread computes it). A forked child
+ * starts with no workers (pthread_atfork resets the pool). */
+enum { IDLE = 0, POSTED = 1 };
+typedef struct {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    atomic_int state;          /* POSTED: `part` waits for this worker */
+    const Work *part;
+} Worker;
+
+static struct {
+    pthread_mutex_t callers;   /* held by the one call using the pool */
+    pthread_mutex_t done_mu;
+    pthread_cond_t done_cv;
+    atomic_llong remaining;    /* posted parts not finished yet */
+    int started, forks_handled;
+    Worker w[MAX_THREADS - 1];
+} pool = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER};
+
+static int64_t now_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+static inline void relax(void) {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#endif
+}
+
+/* Spin until *v == want (1) or POOL_SPIN_NS pass (0). */
+static int spin_until(atomic_llong *v, long long want) {
+    const int64_t end = now_ns() + POOL_SPIN_NS;
+    for (;;) {
+        for (int i = 0; i < 64; i++) {
+            if (atomic_load_explicit(v, memory_order_acquire) == want) return 1;
+            relax();
+        }
+        if (now_ns() > end) return 0;
+    }
+}
+
+static int spin_until_posted(Worker *me) {
+    const int64_t end = now_ns() + POOL_SPIN_NS;
+    for (;;) {
+        for (int i = 0; i < 64; i++) {
+            if (atomic_load_explicit(&me->state, memory_order_acquire) == POSTED) return 1;
+            relax();
+        }
+        if (now_ns() > end) return 0;
+    }
+}
+
+static void *pool_worker(void *arg) {
+    Worker *me = (Worker *)arg;
+    for (;;) {
+        if (!spin_until_posted(me)) {
+            pthread_mutex_lock(&me->mu);
+            while (atomic_load_explicit(&me->state, memory_order_acquire) != POSTED) pthread_cond_wait(&me->cv, &me->mu);
+            pthread_mutex_unlock(&me->mu);
+        }
+        const Work *part = me->part;
+        atomic_store_explicit(&me->state, IDLE, memory_order_relaxed); /* the next post comes after `remaining` hits 0 */
+        work((void *)part);
+        if (atomic_fetch_sub_explicit(&pool.remaining, 1, memory_order_acq_rel) == 1) {
+            pthread_mutex_lock(&pool.done_mu);
+            pthread_cond_signal(&pool.done_cv);
+            pthread_mutex_unlock(&pool.done_mu);
+        }
+    }
+    return 0;
+}
+
+static void pool_after_fork(void) { /* in the child: the workers did not survive the fork */
+    pthread_mutex_init(&pool.callers, 0);
+    pthread_mutex_init(&pool.done_mu, 0);
+    pthread_cond_init(&pool.done_cv, 0);
+    atomic_store(&pool.remaining, 0);
+    pool.started = 0;
+}
+
+/* Start workers until `want` run (fewer when a thread cannot start). Called with pool.callers held. */
+static void pool_grow(int want) {
+    if (!pool.forks_handled) pool.forks_handled = pthread_atfork(0, 0, pool_after_fork) == 0;
+    while (pool.started < want) {
+        Worker *w = &pool.w[pool.started];
+        pthread_attr_t attr;
+        pthread_t id;
+        pthread_mutex_init(&w->mu, 0);
+        pthread_cond_init(&w->cv, 0);
+        atomic_store(&w->state, IDLE);
+        if (pthread_attr_init(&attr)) return;
+        pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+        const int failed = pthread_create(&id, &attr, pool_worker, w);
+        pthread_attr_destroy(&attr);
+        if (failed) return;
+        pool.started++;
+    }
+}
+
+/* Run parts [0, n): part 0 on the calling thread, the others on pool workers (on the caller when the pool is
+ * busy or a worker cannot start). */
+static void run_parts(Work *part, int64_t n) {
+    if (n == 1 || pthread_mutex_trylock(&pool.callers)) {
+        for (int64_t i = 0; i < n; i++) work(&part[i]);
+        return;
+    }
+    pool_grow((int)n - 1);
+    const int64_t m = n - 1 < pool.started ? n - 1 : pool.started; /* parts 1..m go to workers */
+    atomic_store_explicit(&pool.remaining, m, memory_order_relaxed);
+    for (int64_t i = 0; i < m; i++) {
+        Worker *w = &pool.w[i];
+        w->part = &part[i + 1];
+        pthread_mutex_lock(&w->mu);
+        atomic_store_explicit(&w->state, POSTED, memory_order_release);
+        pthread_cond_signal(&w->cv);
+        pthread_mutex_unlock(&w->mu);
+    }
+    work(&part[0]);
+    for (int64_t i = m + 1; i < n; i++) work(&part[i]);
+    if (!spin_until(&pool.remaining, 0)) {
+        pthread_mutex_lock(&pool.done_mu);
+        while (atomic_load_explicit(&pool.remaining, memory_order_acquire)) pthread_cond_wait(&pool.done_cv, &pool.done_mu);
+        pthread_mutex_unlock(&pool.done_mu);
+    }
+    pthread_mutex_unlock(&pool.callers);
+}
+
+int64_t posenc_pool_workers(void) { return pool.started; } /* workers started so far (tests, docs) */
+
+/* Whether q's and k's input memory ranges meet, or either has a broadcast (stride 0) dimension. */
+static int may_overlap(const Tensor4 *q, const Tensor4 *k, int64_t elem) {
+    const Tensor4 *t[2] = {q, k};
+    int64_t lo[2], hi[2];
+    for (int j = 0; j < 2; j++) {
+        const int64_t n[4] = {t[j]->B, t[j]->H, t[j]->T, t[j]->D};
+        int64_t span = 1;
+        for (int i = 0; i < 4; i++) {
+            if (n[i] == 0) return 0; /* no elements */
+            if (n[i] > 1 && t[j]->xs[i] <= 0) return 1;
+            span += (n[i] - 1) * t[j]->xs[i];
+        }
+        lo[j] = (int64_t)(uintptr_t)t[j]->x;
+        hi[j] = lo[j] + span * elem;
+    }
+    return lo[0] < hi[1] && lo[1] < hi[0];
+}
 
 /* Rotate q and (if a->k) k. Returns 0 when done; nothing is written otherwise:
  * < 0: the most negative row found (a negative position); > 0: the table length the rows need;
- * -2**62: arguments the kernel cannot take (a row wider than its buffers, an unknown dtype). */
+ * BAD_ARGUMENTS (-2**62): arguments the kernel cannot take (a row wider than its buffers, an unknown dtype);
+ * OVERLAP (-2**62 + 1): with FLAG_CHECK_OVERLAP, q and k may share memory. */
 int64_t posenc_rope(const RopeArgs *a) {
     int64_t lo = 0, hi = -1, nb = a->rows_batch_stride ? a->batch : 1;
     for (int64_t i = 0; i < nb * a->tokens; i++) {
@@ -513,27 +685,27 @@ int64_t posenc_rope(const RopeArgs *a) {
     }
     if (lo < 0) return lo;
     if (hi >= a->table_rows) return hi + 1;
-    if (a->half > MAX_HALF || a->head_dim > 2 * MAX_HALF + 2048) return -(int64_t)1 << 62;
-    if (a->dtype < F32 || a->dtype > F64 || (a->dtype == F16 && !posenc_has_f16())) return -(int64_t)1 << 62;
+    if (a->half > MAX_HALF || a->head_dim > 2 * MAX_HALF + 2048) return BAD_ARGUMENTS;
+    if (a->dtype < F32 || a->dtype > F64 || (a->dtype == F16 && !posenc_has_f16())) return BAD_ARGUMENTS;
     const int64_t elem = a->dtype == F64 ? 8 : a->dtype == F32 ? 4 : 2;
     Tensor4 q = {a->q, a->q_out, a->batch, a->q_heads, a->tokens, a->head_dim, {0}, {0}};
     Tensor4 k = {a->k, a->k_out, a->batch, a->k_heads, a->tokens, a->head_dim, {0}, {0}};
     memcpy(q.xs, a->q_strides, sizeof q.xs); memcpy(q.os, a->q_out_strides, sizeof q.os);
     memcpy(k.xs, a->k_strides, sizeof k.xs); memcpy(k.os, a->k_out_strides, sizeof k.os);
+    if ((a->flags & FLAG_CHECK_OVERLAP) && a->k && may_overlap(&q, &k, elem)) return OVERLAP;
     Work all = {a, {&q, a->k ? &k : 0}, {tile_units(&q, elem), a->k ? tile_units(&k, elem) : 0}, 0, 0};
+    if (all.units[0] + all.units[1] == 0) return 0;
     const int64_t bytes_per_unit[2] = {all.units[0] ? a->batch * a->q_heads * a->tokens * a->head_dim * elem / all.units[0] : 0,
                                        all.units[1] ? a->batch * a->k_heads * a->tokens * a->head_dim * elem / all.units[1] : 0};
     const int64_t total = all.units[0] * bytes_per_unit[0] + all.units[1] * bytes_per_unit[1];
     int64_t n = a->threads < 1 ? 1 : a->threads > MAX_THREADS ? MAX_THREADS : a->threads;
     if (n > total / MIN_BYTES_PER_THREAD) n = total / MIN_BYTES_PER_THREAD > 1 ? total / MIN_BYTES_PER_THREAD : 1;
-    if (n > all.units[0] + all.units[1]) n = all.units[0] + all.units[1] > 1 ? all.units[0] + all.units[1] : 1;
-    if (a->huge_pages) {
+    if (n > all.units[0] + all.units[1]) n = all.units[0] + all.units[1];
+    if (a->flags & FLAG_HUGE_PAGES) {
         advise_output(&q, elem);
         if (a->k) advise_output(&k, elem);
     }
     Work part[MAX_THREADS];
-    pthread_t ids[MAX_THREADS];
-    char running[MAX_THREADS] = {0};
     int64_t prev = 0;
     for (int64_t i = 0; i < n; i++) { /* split by bytes: under GQA a unit of q is larger than one of k */
         const int64_t cut = total / n * (i + 1), q_bytes = all.units[0] * bytes_per_unit[0];
@@ -545,13 +717,7 @@ int64_t posenc_rope(const RopeArgs *a) {
         part[i].end = end;
         prev = end;
     }
-    for (int64_t i = 1; i < n; i++) /* the calling thread takes part 0; a part whose thread cannot start runs here */
-        running[i] = pthread_create(&ids[i], 0, work, &part[i]) == 0;
-    work(&part[0]);
-    for (int64_t i = 1; i < n; i++) {
-        if (running[i]) pthread_join(ids[i], 0);
-        else work(&part[i]);
-    }
+    run_parts(part, n);
     return 0;
 }
 
