@@ -110,18 +110,21 @@ def test_a_forked_child_starts_its_own_pool(threads):
     expected = rope.apply(q, k, pos, layout="bthd", impl="reference")
     threads(3)
     _check(rope, q, k, pos, table, expected)  # the parent's pool is running
+    assert cpu.pool_workers() >= 2
     pid = os.fork()
     if pid == 0:  # the child: the parent's workers did not follow; a hang is killed by the alarm
         code = 1
         try:
             signal.alarm(60)
+            inherited = cpu.pool_workers()  # 0: the parent's workers are not the child's
             torch.set_num_threads(1)  # torch's own OpenMP pool does not survive a fork: its ops run on one thread
             qi, ki = q.clone(), k.clone()
             torch.set_num_threads(3)  # the kernel's pool: three threads, two of them workers started in the child
             rope.apply_(qi, ki, pos, layout="bthd", table=table)
             workers = cpu.pool_workers()
             torch.set_num_threads(1)
-            code = 0 if torch.equal(qi, expected[0]) and torch.equal(ki, expected[1]) and workers == 2 else 2
+            exact = torch.equal(qi, expected[0]) and torch.equal(ki, expected[1])
+            code = 0 if exact and inherited == 0 and workers == 2 else 2
         finally:
             os._exit(code)
     _, status = os.waitpid(pid, 0)

@@ -215,7 +215,7 @@ def rotate_held(q: torch.Tensor, k: torch.Tensor, rows: torch.Tensor, cos: torch
     if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad):
         return None
     lib = cpu.library_for(dtype)
-    qs, ks, rs, half = q.shape, k.shape, rows.shape, cos.shape[1]
+    qs, ks, rs, (n, half) = q.shape, k.shape, rows.shape, cos.shape
     if lib is None or len(qs) != 4 or len(ks) != 4 or not rows.is_contiguous():
         return None
     b, t, d = qs[perm[0]], qs[perm[2]], qs[3]
@@ -230,18 +230,19 @@ def rotate_held(q: torch.Tensor, k: torch.Tensor, rows: torch.Tensor, cos: torch
     st, kt = q.stride(), k.stride()
     q4 = st[perm[0]], st[perm[1]], st[perm[2]], st[3]  # strides over [b, h, t, d]
     k4 = kt[perm[0]], kt[perm[1]], kt[perm[2]], kt[3]
+    qp, kp = q.data_ptr(), k.data_ptr()
     if inplace:
-        q_out, k_out, qo4, ko4, flags = q, k, q4, k4, cpu.FLAG_CHECK_OVERLAP
+        q_out, k_out, qop, kop, qo4, ko4, flags = q, k, qp, kp, q4, k4, cpu.FLAG_CHECK_OVERLAP
     else:
         q_out, k_out = torch.empty_like(q), torch.empty_like(k)  # q's and k's strides (dense inputs)
-        st, kt = q_out.stride(), k_out.stride()
+        qop, kop, st, kt = q_out.data_ptr(), k_out.data_ptr(), q_out.stride(), k_out.stride()
         qo4, ko4 = (st[perm[0]], st[perm[1]], st[perm[2]], st[3]), (kt[perm[0]], kt[perm[1]], kt[perm[2]], kt[3])
         large = (q.numel() + k.numel()) * q.element_size() >= cpu.LARGE_OUTPUT_BYTES
         flags = cpu.FLAG_HUGE_PAGES if large and cpu.huge_pages_allowed() else 0
     ret = lib.posenc_rope(cpu.pack_args(
-        q.data_ptr(), q_out.data_ptr(), k.data_ptr(), k_out.data_ptr(), cos.data_ptr(), sin.data_ptr(),
-        rows.data_ptr(), b, qs[perm[1]], ks[perm[1]], t, d, *q4, *qo4, *k4, *ko4, cos.shape[0], half, rows_b,
-        cpu.DTYPES[dtype], cpu.PAIRING_CODES[pairing], torch.get_num_threads(), flags))
+        qp, qop, kp, kop, cos.data_ptr(), sin.data_ptr(), rows.data_ptr(), b, qs[perm[1]], ks[perm[1]], t, d,
+        *q4, *qo4, *k4, *ko4, n, half, rows_b, cpu.DTYPES[dtype], cpu.PAIRING_CODES[pairing],
+        torch.get_num_threads(), flags))
     if ret != 0:
         return None  # nothing written: the general path names what is wrong (or rotates aliasing-free views)
     if inplace:  # the kernel wrote through ctypes: tell autograd, as a torch in-place op would
