@@ -2,9 +2,11 @@
 
 The kernel takes tensors and nothing else: q and k (`[b, h, t, d]` views, any strides), their outputs
 (which may be q and k themselves), per-pair float32 tables `cos`/`sin` `[n, r/2]`, the table row of each
-token, and the pairing. It rotates q and k in one call on up to `torch.get_num_threads()` threads, reading
-each element once and writing it once, with the reference's arithmetic (bit-identical results, see the C
-file). It checks the rows itself (no host sync in Python) and writes nothing when one is out of range.
+token, and the pairing. It rotates q and k in one call on up to `torch.get_num_threads()` threads (the C
+library's worker pool, started once: `pool_workers`), reading each element once and writing it once, with
+the reference's arithmetic (bit-identical results, see the C file). It checks the rows itself (no host sync
+in Python) and writes nothing when one is out of range (or, with `FLAG_CHECK_OVERLAP`, when q's and k's
+memory ranges meet). The decode hot path (`posenc.rope.route.rotate_held`) packs the struct itself.
 
 The arguments travel as one C struct, `RopeArgs`, mirrored by the `ctypes.Structure` below; the call packs
 it with a precompiled `struct.Struct` (about 1 us, against about 7 us for building the ctypes object).
