@@ -265,3 +265,18 @@ def test_hot_path_refusals_name_the_argument_and_write_nothing():
         with pytest.raises(PosencError, match=message):
             rope.apply_(qi, ki, args[2], layout="bthd", table=table)
         assert torch.equal(qi, q0) and torch.equal(ki, k0), message
+
+
+@pytest.mark.parametrize("huge", ["0", "1"])
+def test_held_table_allocating_large_outputs_bit_exact(huge, monkeypatch, threads):
+    # >= 4 MiB fresh outputs: huge pages advised (unless POSENC_HUGE_PAGES=0) and streaming stores, on the hot path
+    monkeypatch.setenv("POSENC_HUGE_PAGES", huge)
+    rope = Rope(head_dim=128)
+    table = rope.table(1100)
+    q, k = randn(1, 1031, 8, 128), randn(1, 1031, 2, 128, seed=1)  # bthd, q 4.03 MiB
+    pos = torch.arange(1031) + 60
+    expected = rope.apply(q, k, pos, layout="bthd", impl="reference")
+    for n in (1, 2):
+        threads(n)
+        got = rope.apply(q, k, pos, layout="bthd", table=table)
+        assert torch.equal(got[0], expected[0]) and torch.equal(got[1], expected[1]), n
