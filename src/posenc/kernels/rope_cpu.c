@@ -182,36 +182,66 @@ static void heads_f32_64(const float *x, float *o, int64_t xv, int64_t ov, int64
 }
 
 #if defined(__AVX512BF16__) && defined(__AVX512DQ__)
-/* The heads of one token, split-half bfloat16 rows of 64 pairs: the token's cos/sin row in 8 registers; per
- * 32 pairs the same operations, check and rounding as split_half_bf16_simd. */
+/* 16 even and 16 odd float32 values rounded to bfloat16 (nearest even, NaN -> 0x7fc0, as bf16_store) and
+ * interleaved: dword j = even[j] | odd[j] << 16. */
+static inline __m512i bf16_pack_exact(__m512 even, __m512 odd) {
+    const __m512i one = _mm512_set1_epi32(1), bias = _mm512_set1_epi32(0x7fff), nan = _mm512_set1_epi32(0x7fc0);
+    __m512i ue = _mm512_castps_si512(even), uo = _mm512_castps_si512(odd);
+    __m512i re = _mm512_srli_epi32(_mm512_add_epi32(ue, _mm512_add_epi32(bias, _mm512_and_si512(_mm512_srli_epi32(ue, 16), one))), 16);
+    __m512i ro = _mm512_srli_epi32(_mm512_add_epi32(uo, _mm512_add_epi32(bias, _mm512_and_si512(_mm512_srli_epi32(uo, 16), one))), 16);
+    re = _mm512_mask_mov_epi32(re, _mm512_cmp_ps_mask(even, even, _CMP_UNORD_Q), nan);
+    ro = _mm512_mask_mov_epi32(ro, _mm512_cmp_ps_mask(odd, odd, _CMP_UNORD_Q), nan);
+    return _mm512_or_si512(re, _mm512_slli_epi32(ro, 16));
+}
+
+/* The heads of one token, split-half bfloat16 rows of 64 pairs. 32 bf16 channels load as 16 words, each word
+ * the pair (2j, 2j+1) of neighbours: `word << 16` and `word & 0xffff0000` are their float32 values, so the
+ * even and odd channels are rotated apart (no widening shuffles), with the token's cos/sin row split the same
+ * way once, in 8 registers. The same operations, check and rounding as split_half_bf16_simd; one shuffle per
+ * 32 outputs restores their order (kernel alone, decode, x copy: 1.60 -> 1.44). */
 #define POSENC_HEADS_BF16 1
 static void heads_bf16_64(const uint16_t *x, uint16_t *o, int64_t xv, int64_t ov, int64_t nv, const float *c,
                           const float *s) {
-    const __m512 c0 = _mm512_loadu_ps(c), c1 = _mm512_loadu_ps(c + 16), c2 = _mm512_loadu_ps(c + 32),
-                 c3 = _mm512_loadu_ps(c + 48);
-    const __m512 s0 = _mm512_loadu_ps(s), s1 = _mm512_loadu_ps(s + 16), s2 = _mm512_loadu_ps(s + 32),
-                 s3 = _mm512_loadu_ps(s + 48);
-#define POSENC_ROT32(i, cA, sA, cB, sB)                                                                          \
+    static const int32_t EVEN_LANES[16] = {0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30};
+    static const int16_t MERGE_WORDS[32] = {0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23,
+                                            8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31};
+    const __m512i ev = _mm512_loadu_si512(EVEN_LANES), od = _mm512_add_epi32(ev, _mm512_set1_epi32(1));
+    const __m512i merge = _mm512_loadu_si512(MERGE_WORDS), high = _mm512_set1_epi32((int)0xffff0000u);
+    /* pairs 0-31 (block 0) and 32-63 (block 1): the even and the odd pairs' cos and sin */
+    const __m512 ce0 = _mm512_permutex2var_ps(_mm512_loadu_ps(c), ev, _mm512_loadu_ps(c + 16));
+    const __m512 co0 = _mm512_permutex2var_ps(_mm512_loadu_ps(c), od, _mm512_loadu_ps(c + 16));
+    const __m512 ce1 = _mm512_permutex2var_ps(_mm512_loadu_ps(c + 32), ev, _mm512_loadu_ps(c + 48));
+    const __m512 co1 = _mm512_permutex2var_ps(_mm512_loadu_ps(c + 32), od, _mm512_loadu_ps(c + 48));
+    const __m512 se0 = _mm512_permutex2var_ps(_mm512_loadu_ps(s), ev, _mm512_loadu_ps(s + 16));
+    const __m512 so0 = _mm512_permutex2var_ps(_mm512_loadu_ps(s), od, _mm512_loadu_ps(s + 16));
+    const __m512 se1 = _mm512_permutex2var_ps(_mm512_loadu_ps(s + 32), ev, _mm512_loadu_ps(s + 48));
+    const __m512 so1 = _mm512_permutex2var_ps(_mm512_loadu_ps(s + 32), od, _mm512_loadu_ps(s + 48));
+#define POSENC_EO32(i, ce, co, se, so)                                                                           \
     {                                                                                                            \
-        __m512 a0 = bf16x16_load(x + (i)), a1 = bf16x16_load(x + (i) + 16);                                      \
-        __m512 b0 = bf16x16_load(x + (i) + 64), b1 = bf16x16_load(x + (i) + 80);                                 \
-        __m512 lo0 = _mm512_sub_ps(_mm512_mul_ps(a0, cA), _mm512_mul_ps(b0, sA));                                \
-        __m512 lo1 = _mm512_sub_ps(_mm512_mul_ps(a1, cB), _mm512_mul_ps(b1, sB));                                \
-        __m512 hi0 = _mm512_add_ps(_mm512_mul_ps(b0, cA), _mm512_mul_ps(a0, sA));                                \
-        __m512 hi1 = _mm512_add_ps(_mm512_mul_ps(b1, cB), _mm512_mul_ps(a1, sB));                                \
-        if (!(_mm512_fpclass_ps_mask(lo0, 0xA1) | _mm512_fpclass_ps_mask(lo1, 0xA1) |                          \
-              _mm512_fpclass_ps_mask(hi0, 0xA1) | _mm512_fpclass_ps_mask(hi1, 0xA1))) {                        \
-            _mm512_storeu_si512((void *)(o + (i)), (__m512i)_mm512_cvtne2ps_pbh(lo1, lo0));                      \
-            _mm512_storeu_si512((void *)(o + (i) + 64), (__m512i)_mm512_cvtne2ps_pbh(hi1, hi0));                 \
+        const __m512i wa = _mm512_loadu_si512((const void *)(x + (i)));                                          \
+        const __m512i wb = _mm512_loadu_si512((const void *)(x + (i) + 64));                                     \
+        const __m512 ae = _mm512_castsi512_ps(_mm512_slli_epi32(wa, 16));                                        \
+        const __m512 ao = _mm512_castsi512_ps(_mm512_and_si512(wa, high));                                       \
+        const __m512 be = _mm512_castsi512_ps(_mm512_slli_epi32(wb, 16));                                        \
+        const __m512 bo = _mm512_castsi512_ps(_mm512_and_si512(wb, high));                                       \
+        const __m512 loe = _mm512_sub_ps(_mm512_mul_ps(ae, ce), _mm512_mul_ps(be, se));                          \
+        const __m512 loo = _mm512_sub_ps(_mm512_mul_ps(ao, co), _mm512_mul_ps(bo, so));                          \
+        const __m512 hie = _mm512_add_ps(_mm512_mul_ps(be, ce), _mm512_mul_ps(ae, se));                          \
+        const __m512 hio = _mm512_add_ps(_mm512_mul_ps(bo, co), _mm512_mul_ps(ao, so));                          \
+        if (!(_mm512_fpclass_ps_mask(loe, 0xA1) | _mm512_fpclass_ps_mask(loo, 0xA1) |                          \
+              _mm512_fpclass_ps_mask(hie, 0xA1) | _mm512_fpclass_ps_mask(hio, 0xA1))) {                        \
+            /* no lane NaN or denormal: the one-instruction rounding equals the bit arithmetic */               \
+            _mm512_storeu_si512((void *)(o + (i)), _mm512_permutexvar_epi16(merge, (__m512i)_mm512_cvtne2ps_pbh(loo, loe))); \
+            _mm512_storeu_si512((void *)(o + (i) + 64), _mm512_permutexvar_epi16(merge, (__m512i)_mm512_cvtne2ps_pbh(hio, hie))); \
         } else {                                                                                                 \
-            bf16x16_store(o + (i), lo0); bf16x16_store(o + (i) + 16, lo1);                                       \
-            bf16x16_store(o + (i) + 64, hi0); bf16x16_store(o + (i) + 80, hi1);                                  \
+            _mm512_storeu_si512((void *)(o + (i)), bf16_pack_exact(loe, loo));                                   \
+            _mm512_storeu_si512((void *)(o + (i) + 64), bf16_pack_exact(hie, hio));                              \
         }                                                                                                        \
     }
-    for (int64_t v = 0; v < nv; v++, x += xv, o += ov) {
-        POSENC_ROT32(0, c0, s0, c1, s1) POSENC_ROT32(32, c2, s2, c3, s3)
+    for (int64_t v = 0; v < nv; v++, x += xv, o += ov) { /* each head: both halves loaded before any store */
+        POSENC_EO32(0, ce0, co0, se0, so0) POSENC_EO32(32, ce1, co1, se1, so1)
     }
-#undef POSENC_ROT32
+#undef POSENC_EO32
 }
 #endif
 
@@ -359,7 +389,7 @@ static int stream_ok(const Tensor4 *t, int64_t elem, int64_t half) {
  * A channel stride != 1 gathers the row into a buffer, rotates it contiguously and scatters it back. When HOIST,
  * a token's heads of 64 split-half pairs (head_dim 128) in a tensor under PREFETCH_MIN_BYTES (a decode step) go
  * to HEADS64, which keeps the token's table row in registers (kernel alone, one thread, Zen 4, x the copy floor:
- * float32 decode 0.79 -> 0.52, bfloat16 1.72 -> 1.61). */
+ * float32 decode 0.79 -> 0.52, bfloat16 1.72 -> 1.48). */
 #define DEFINE_TILE(NAME, ROW, ST, FAST, HAS_FAST, HOIST, HEADS64)                                                          \
 __attribute__((noinline)) static void NAME##_strided(const Tensor4 *t, const ST *x, ST *o, const float *c, \
                                                      const float *s, int64_t half, int pairing) {   \
