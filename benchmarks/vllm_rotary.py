@@ -8,8 +8,12 @@ posenc on the path:
 Layout: 32 q and 32 k heads of 128 channels, split-half (neox) pairing, tokens outer (`[tokens, heads * d]`,
 vLLM's layout; posenc's `layout="bthd"` on the same memory). Each case times, in alternating rounds at one
 thread count: the copy of q and k (`copy_` from a second buffer: read and write every byte once, the floor an
-in-place rotation can reach), vLLM's op, and `rope.apply_(..., table=table)`; it prints the median of each
-over the copy's median. vLLM rounds its cos/sin cache to bfloat16 for bfloat16 inputs, so its results differ
+in-place rotation can reach), vLLM's op, and `rope.apply_(..., table=table)`; each round repeats a call for
+about 200 MB of traffic (a decode round lasts milliseconds, not a fraction of one, so that one preemption
+does not decide it). It prints, for vLLM and posenc, the median over rounds of (the round's time / the copy's
+time in the same round) and the 25th-75th percentile of those ratios, then the same for posenc's time over
+vLLM's (below 1: posenc ahead; this one needs no copy floor, which under load stalls at two threads), the
+load average it started under and the one after each case. vLLM rounds its cos/sin cache to bfloat16 for bfloat16 inputs, so its results differ
 from transformers' (float32 tables) by up to ~3e-2; posenc's are bit-identical to transformers'. The script
 prints both errors against a float64 rotation.
 """
@@ -18,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import os
 import statistics
 import time
 from pathlib import Path
@@ -65,15 +70,19 @@ def case(name: str, dtype: torch.dtype, threads: int, rounds: int, ops) -> dict:
     vllm_fn()
     err = {"posenc": float((q.double() - exact[0]).abs().max()),
            "vllm": float((vq.view_as(src_q).double() - exact[0]).abs().max())}
-    inner = max(1, int(2e7 // (src_q.numel() * 2 * src_q.element_size() + 1)))
+    inner = max(1, int(2e8 // (src_q.numel() * 2 * src_q.element_size() + 1)))
     times = {"copy": [], "vllm": [], "posenc": []}
     for _ in range(rounds):  # alternating: the three see the same machine state
         for key, fn in (("copy", floor), ("vllm", vllm_fn), ("posenc", posenc_fn)):
             times[key].append(round_ms(fn, inner))
-    med = {key: statistics.median(v) for key, v in times.items()}
-    return {"case": name, "dtype": str(dtype).replace("torch.", ""), "threads": threads,
-            "copy_ms": med["copy"], "vllm_x_copy": med["vllm"] / med["copy"], "posenc_x_copy": med["posenc"] / med["copy"],
-            "vllm_max_err": err["vllm"], "posenc_max_err": err["posenc"]}
+    out = {"case": name, "dtype": str(dtype).replace("torch.", ""), "threads": threads,
+           "copy_ms": statistics.median(times["copy"])}
+    for key, over in (("vllm", "copy"), ("posenc", "copy"), ("posenc", "vllm")):  # per round: key's time / over's
+        ratios = sorted(a / c for a, c in zip(times[key], times[over]))
+        q1, _, q3 = statistics.quantiles(ratios, n=4) if len(ratios) > 1 else (ratios[0],) * 3
+        name = f"{key}_x_{over}"
+        out[name], out[f"{name}_p25"], out[f"{name}_p75"] = statistics.median(ratios), q1, q3
+    return {**out, "vllm_max_err": err["vllm"], "posenc_max_err": err["posenc"]}
 
 
 def main() -> None:
@@ -85,13 +94,18 @@ def main() -> None:
     import vllm._custom_ops as ops  # noqa: F401  (registers torch.ops._C.rotary_embedding)
 
     rows = []
+    print(f"load average at start: {os.getloadavg()[0]:.1f} (1 min) on {os.cpu_count()} cores", flush=True)
+    print("| case | threads | vLLM x copy (p25-p75) | posenc x copy | posenc x vLLM | vLLM max err | posenc max err | load |")
+    print("|---|---|---|---|---|---|---|---|")
     for threads in [int(x) for x in args.threads.split(",")]:
         for name in CASES:
             for dtype in (torch.float32, torch.bfloat16):
                 rows.append(case(name, dtype, threads, args.rounds, ops))
                 r = rows[-1]
-                print(f"| {r['case']}, {r['dtype']} | {threads} | {r['vllm_x_copy']:.2f}x | {r['posenc_x_copy']:.2f}x | "
-                      f"{r['vllm_max_err']:.1e} | {r['posenc_max_err']:.1e} |", flush=True)
+                cells = [f"{r[n]:.2f}x ({r[n + '_p25']:.2f}-{r[n + '_p75']:.2f})"
+                         for n in ("vllm_x_copy", "posenc_x_copy", "posenc_x_vllm")]
+                print(f"| {r['case']}, {r['dtype']} | {threads} | {' | '.join(cells)} | "
+                      f"{r['vllm_max_err']:.1e} | {r['posenc_max_err']:.1e} | {os.getloadavg()[0]:.1f} |", flush=True)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     with open(args.out, "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=list(rows[0]))

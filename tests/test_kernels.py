@@ -320,7 +320,7 @@ def test_rope_args_layout_matches_the_c_struct():
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16, torch.float64])
 @pytest.mark.parametrize("threads", [2, 3, 7])
 def test_threads_split_the_work_and_stay_bit_exact(dtype, threads):
-    # large enough for several threads (>= 512 KiB each); GQA (units of q and k differ in size), odd sizes,
+    # large enough for several threads (>= 128 KiB each); GQA (units of q and k differ in size), odd sizes,
     # both memory orders and a batch of positions
     if not cpu.available(dtype):
         pytest.skip(f"no {dtype} kernel here")

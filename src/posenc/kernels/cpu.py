@@ -2,9 +2,11 @@
 
 The kernel takes tensors and nothing else: q and k (`[b, h, t, d]` views, any strides), their outputs
 (which may be q and k themselves), per-pair float32 tables `cos`/`sin` `[n, r/2]`, the table row of each
-token, and the pairing. It rotates q and k in one call on up to `torch.get_num_threads()` threads, reading
-each element once and writing it once, with the reference's arithmetic (bit-identical results, see the C
-file). It checks the rows itself (no host sync in Python) and writes nothing when one is out of range.
+token, and the pairing. It rotates q and k in one call on up to `torch.get_num_threads()` threads (the C
+library's worker pool, started once: `pool_workers`), reading each element once and writing it once, with
+the reference's arithmetic (bit-identical results, see the C file). It checks the rows itself (no host sync
+in Python) and writes nothing when one is out of range (or, with `FLAG_CHECK_OVERLAP`, when q's and k's
+memory ranges meet). The decode hot path (`posenc.rope.route.rotate_held`) packs the struct itself.
 
 The arguments travel as one C struct, `RopeArgs`, mirrored by the `ctypes.Structure` below; the call packs
 it with a precompiled `struct.Struct` (about 1 us, against about 7 us for building the ctypes object).
@@ -24,12 +26,17 @@ from ..errors import Raw, fail
 from . import build
 
 __all__ = ["available", "rope", "advise_huge_pages", "fits", "RopeArgs", "DTYPES", "PAIRING_CODES",
-           "MAX_ROTARY_DIM", "MAX_HEAD_DIM", "BAD_ARGUMENTS"]
+           "MAX_ROTARY_DIM", "MAX_HEAD_DIM", "BAD_ARGUMENTS", "OVERLAP", "FLAG_HUGE_PAGES", "FLAG_CHECK_OVERLAP",
+           "pack_args", "huge_pages_allowed", "pool_workers"]
 
 PAIRING_CODES = {"split_half": 0, "interleaved": 1, "interleaved_to_split_half": 2}
 DTYPES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2, torch.float64: 3}
 MAX_ROTARY_DIM, MAX_HEAD_DIM = 2048, 4096  # rope_cpu.c's row buffers: MAX_HALF pairs, 2 * MAX_HALF + 2048 channels
 BAD_ARGUMENTS = -(1 << 62)  # the kernel's answer to arguments it cannot take
+OVERLAP = BAD_ARGUMENTS + 1  # its answer, with FLAG_CHECK_OVERLAP, to q and k whose memory ranges meet
+FLAG_HUGE_PAGES = 1  # RopeArgs.flags: advise huge pages on fresh outputs of >= 4 MiB
+FLAG_CHECK_OVERLAP = 2  # RopeArgs.flags: return OVERLAP (nothing written) when q's and k's memory ranges meet
+LARGE_OUTPUT_BYTES = 4 << 20  # rope_cpu.c's threshold for huge pages
 
 
 class RopeArgs(ctypes.Structure):
@@ -43,7 +50,7 @@ class RopeArgs(ctypes.Structure):
                 ("k_strides", ctypes.c_int64 * 4), ("k_out_strides", ctypes.c_int64 * 4),
                 ("table_rows", ctypes.c_int64), ("half", ctypes.c_int64), ("rows_batch_stride", ctypes.c_int64),
                 ("dtype", ctypes.c_int32), ("pairing", ctypes.c_int32), ("threads", ctypes.c_int32),
-                ("huge_pages", ctypes.c_int32)]
+                ("flags", ctypes.c_int32)]
 
 
 _CODE = {ctypes.c_void_p: "Q", ctypes.c_int64: "q", ctypes.c_int32: "i"}
@@ -59,6 +66,7 @@ def _format(fields) -> str:
 
 _PACK = struct.Struct(_format(RopeArgs._fields_)).pack  # a constant: the packer of RopeArgs
 assert struct.calcsize(_format(RopeArgs._fields_)) == ctypes.sizeof(RopeArgs)
+pack_args = _PACK  # RopeArgs' fields, in order, as the bytes `posenc_rope` takes
 
 
 @functools.lru_cache(maxsize=None)  # a pure function of the loaded library: its declared entry points
@@ -68,6 +76,7 @@ def _declared(lib: ctypes.CDLL) -> ctypes.CDLL:
     lib.posenc_args_size.restype = ctypes.c_int64
     lib.posenc_has_f16.restype = ctypes.c_int
     lib.posenc_advise_huge_pages.argtypes = [ctypes.c_void_p, ctypes.c_int64]
+    lib.posenc_pool_workers.restype = ctypes.c_int64
     return lib
 
 
@@ -140,8 +149,19 @@ def rope(
     args = _PACK(qp, qop, k_ptr, k_out_ptr, cos.data_ptr(), sin.data_ptr(), rows.data_ptr(),
                  b, hq, hk, t, d, *qs, *qos, *ks, *kos, cos.shape[0], cos.shape[1],
                  t if rows.ndim == 2 and rows.shape[0] > 1 else 0, DTYPES[q.dtype], PAIRING_CODES[pairing],
-                 torch.get_num_threads(), fresh and os.environ.get("POSENC_HUGE_PAGES", "1") != "0")
+                 torch.get_num_threads(), FLAG_HUGE_PAGES if fresh and huge_pages_allowed() else 0)
     return lib.posenc_rope(args)
+
+
+def huge_pages_allowed() -> bool:
+    """Whether the kernel may advise huge pages on fresh outputs (not with `POSENC_HUGE_PAGES=0`)."""
+    return os.environ.get("POSENC_HUGE_PAGES", "1") != "0"
+
+
+def pool_workers() -> int:
+    """How many worker threads the C library has started (its pool: see "Every core" in docs/performance.md)."""
+    lib = _lib()
+    return 0 if isinstance(lib, str) else lib.posenc_pool_workers()
 
 
 def advise_huge_pages(x: torch.Tensor) -> torch.Tensor:

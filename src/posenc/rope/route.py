@@ -24,7 +24,9 @@ from ..errors import Raw, assert_values, fail
 from ..kernels import IMPLS, cpu
 from .apply import apply_rope
 
-__all__ = ["rotate", "resolve_impl", "triton_available", "check_rows"]
+__all__ = ["rotate", "rotate_held", "resolve_impl", "triton_available", "check_rows"]
+
+_BHTD = {"bhtd": (0, 1, 2, 3), "bthd": (0, 2, 1, 3)}  # a 4-d layout's dims in [b, h, t, d] order (a constant)
 
 
 def _compiling() -> bool:
@@ -182,6 +184,69 @@ def rotate(q: torch.Tensor, k: torch.Tensor | None, cos: torch.Tensor, sin: torc
     q_out, k_out = _unview4(q_out, layout), _unview4(k_out, layout) if k is not None else None
     if inplace:  # autograd records the copies (or the in-place kernel cannot run in place)
         return q.copy_(q_out), k.copy_(k_out) if k is not None else None
+    return q_out, k_out
+
+
+def rotate_held(q: torch.Tensor, k: torch.Tensor, rows: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                pairing: str, layout: str, head_dim: int, inplace: bool):
+    """The decode hot path of `Rope.apply(_)` with a held table: metadata checks and one C kernel call.
+
+    It takes only what it can run as is: float q and k of one dtype that the kernel runs, on the CPU, in a
+    4-d layout ("bhtd" or "bthd") of `head_dim` channels, differing in heads only; contiguous int64 rows
+    `[t]`, `[1, t]` or `[b, t]`; a CPU table; no autograd recording; not under `torch.compile` (the caller
+    checks). It reads no value on the host: the kernel checks the rows and, in place, whether q's and k's
+    memory ranges meet.
+
+    Args:
+        q, k: `[b, hq, t, d]` / `[b, hk, t, d]` ("bhtd") or `[b, t, hq, d]` / `[b, t, hk, d]` ("bthd").
+        rows: the table row (position) of each token, `[t]` or `[b, t]`.
+        cos, sin: the held table, `[n, r/2]` float32, contiguous.
+    Returns:
+        `(q_rotated, k_rotated)` (q and k themselves when `inplace`), or None when the call is one for
+        `rotate`'s general path, with nothing written: other metadata, a row outside the table, q and k
+        whose memory ranges meet (the general path decides exactly, and refuses or rotates).
+    """
+    perm = _BHTD.get(layout) if type(layout) is str else None
+    if perm is None or type(q) is not torch.Tensor or type(k) is not torch.Tensor or type(rows) is not torch.Tensor:
+        return None
+    dtype = q.dtype
+    if k.dtype is not dtype or rows.dtype is not torch.int64 or not (q.is_cpu and k.is_cpu and rows.is_cpu and cos.is_cpu):
+        return None
+    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad):
+        return None
+    lib = cpu.library_for(dtype)
+    qs, ks, rs, (n, half) = q.shape, k.shape, rows.shape, cos.shape
+    if lib is None or len(qs) != 4 or len(ks) != 4 or not rows.is_contiguous():
+        return None
+    b, t, d = qs[perm[0]], qs[perm[2]], qs[3]
+    if ks[perm[0]] != b or ks[perm[2]] != t or d != head_dim or ks[3] != d or not cpu.fits(2 * half, d):
+        return None
+    if len(rs) == 1 and rs[0] == t:
+        rows_b = 0
+    elif len(rs) == 2 and rs[1] == t and rs[0] in (1, b):
+        rows_b = t if rs[0] > 1 else 0
+    else:
+        return None
+    st, kt = q.stride(), k.stride()
+    q4 = st[perm[0]], st[perm[1]], st[perm[2]], st[3]  # strides over [b, h, t, d]
+    k4 = kt[perm[0]], kt[perm[1]], kt[perm[2]], kt[3]
+    qp, kp = q.data_ptr(), k.data_ptr()
+    if inplace:
+        q_out, k_out, qop, kop, qo4, ko4, flags = q, k, qp, kp, q4, k4, cpu.FLAG_CHECK_OVERLAP
+    else:
+        q_out, k_out = torch.empty_like(q), torch.empty_like(k)  # q's and k's strides (dense inputs)
+        qop, kop, st, kt = q_out.data_ptr(), k_out.data_ptr(), q_out.stride(), k_out.stride()
+        qo4, ko4 = (st[perm[0]], st[perm[1]], st[perm[2]], st[3]), (kt[perm[0]], kt[perm[1]], kt[perm[2]], kt[3])
+        large = (q.numel() + k.numel()) * q.element_size() >= cpu.LARGE_OUTPUT_BYTES
+        flags = cpu.FLAG_HUGE_PAGES if large and cpu.huge_pages_allowed() else 0
+    ret = lib.posenc_rope(cpu.pack_args(
+        qp, qop, kp, kop, cos.data_ptr(), sin.data_ptr(), rows.data_ptr(), b, qs[perm[1]], ks[perm[1]], t, d,
+        *q4, *qo4, *k4, *ko4, n, half, rows_b, cpu.DTYPES[dtype], cpu.PAIRING_CODES[pairing],
+        torch.get_num_threads(), flags))
+    if ret != 0:
+        return None  # nothing written: the general path names what is wrong (or rotates aliasing-free views)
+    if inplace:  # the kernel wrote through ctypes: tell autograd, as a torch in-place op would
+        torch.autograd.graph.increment_version((q, k))
     return q_out, k_out
 
 

@@ -268,6 +268,12 @@ class Rope:
 
     def _apply(self, q, k, position_ids, inplace, *, layout="bhtd", seq_len=None, precision="float32",
                allow_negative=False, compute_dtype=None, impl=None, table=None):
+        if (table is not None and impl in (None, "cpu") and compute_dtype is None and seq_len is None
+                and type(table) is RopeTable and table.rope is self and precision == table.precision
+                and not torch.compiler.is_compiling()):  # the decode hot path (None: not one for it)
+            out = route.rotate_held(q, k, position_ids, table.cos, table.sin, self.pairing, layout, self.head_dim, inplace)
+            if out is not None:
+                return out
         self._check_x("q", q, layout)  # metadata only: values are checked in the kernel (no host sync)
         self._check_x("k", k, layout)
         qs, ks, heads = q.shape, k.shape, q.ndim + LAYOUTS[layout][2]

@@ -1,0 +1,282 @@
+"""The C kernel's worker pool and the decode hot path (`route.rotate_held`), bit for bit against the reference.
+
+The pool is started once and reused; each call takes at most `torch.get_num_threads()` threads, splits by
+bytes from 128 KiB a thread, and must give the reference's bits whatever the thread count, after a change of
+thread count, with concurrent callers and in a forked child. The hot path (`apply(_)` with a held table)
+checks metadata only and must agree with the reference on every shape it takes, and hand everything else
+(and every refusal) to the general path with nothing written.
+"""
+
+import ctypes
+import os
+import signal
+import threading
+
+import pytest
+import torch
+from test_kernels import randn
+
+from posenc import PosencError, Rope
+from posenc.kernels import cpu
+from posenc.rope import route
+
+pytestmark = pytest.mark.skipif(not cpu.available(), reason="no C compiler for the cpu kernel")
+hypothesis = pytest.importorskip("hypothesis")
+st = hypothesis.strategies
+
+
+@pytest.fixture
+def threads():
+    """Set torch's thread count inside a test; restored after it."""
+    before = torch.get_num_threads()
+    yield torch.set_num_threads
+    torch.set_num_threads(before)
+
+
+def _case(dtype, seed=0):
+    # GQA, odd sizes, pass-through channels, interleaved rows, bthd memory, a batch of positions: q 700 KiB and
+    # k 140 KiB in float32, enough for 6 threads of 128 KiB
+    rope = Rope(head_dim=72, rotary_dim=40, pairing="interleaved")
+    q, k = randn(9, 7, 41, 72, dtype=dtype, seed=seed), randn(9, 7, 8, 72, dtype=dtype, seed=seed + 1)
+    pos = torch.randint(0, 3000, (9, 7), generator=torch.Generator().manual_seed(seed))
+    return rope, q, k, pos, rope.table(3000)
+
+
+def _check(rope, q, k, pos, table, expected):
+    got = rope.apply(q, k, pos, layout="bthd", table=table)
+    qi, ki = q.clone(), k.clone()
+    rope.apply_(qi, ki, pos, layout="bthd", table=table)
+    for g in (got, (qi, ki)):
+        assert torch.equal(g[0], expected[0]) and torch.equal(g[1], expected[1])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_pool_is_reused_across_calls_and_thread_counts(dtype, threads):
+    rope, q, k, pos, table = _case(dtype)
+    expected = rope.apply(q, k, pos, layout="bthd", impl="reference")
+    threads(3)
+    _check(rope, q, k, pos, table, expected)
+    started = cpu.pool_workers()
+    assert started >= 2  # the calling thread and two workers (or more, from an earlier call with more threads)
+    for _ in range(5):
+        _check(rope, q, k, pos, table, expected)
+    assert cpu.pool_workers() == started  # the same workers, not new threads per call
+    for n in (7, 2, 1, 5, 3):  # more and fewer threads than the pool holds, in any order
+        threads(n)
+        _check(rope, q, k, pos, table, expected)
+    assert cpu.pool_workers() >= 5  # grown for 7 threads (6 of 128 KiB here, as the bytes allow)
+
+
+def test_decode_step_is_split_between_threads_bit_exact(threads):
+    # a decode step (32 sequences x 32 heads of 128, one token each): 512 KiB of bfloat16, 1 MiB of float32,
+    # now cut into 128 KiB parts; odd head counts and GQA beside it
+    rope = Rope(head_dim=128)
+    table = rope.table(4096)
+    for dtype in (torch.float32, torch.bfloat16, torch.float16, torch.float64):
+        for hq, hk in ((32, 32), (31, 5)):
+            q, k = randn(32, 1, hq, 128, dtype=dtype, seed=hq), randn(32, 1, hk, 128, dtype=dtype, seed=hk)
+            pos = torch.randint(0, 4096, (32, 1), generator=torch.Generator().manual_seed(hq))
+            expected = rope.apply(q, k, pos, layout="bthd", impl="reference")
+            for n in (2, 3, 7):
+                threads(n)
+                _check(rope, q, k, pos, table, expected)
+
+
+def test_concurrent_callers_share_the_pool(threads):
+    # ctypes releases the GIL: a caller that finds the pool busy runs on its own thread, with the same bits
+    threads(3)
+    errors = []
+
+    def worker(seed):
+        rope, q, k, pos, table = _case(torch.float32, seed)
+        expected = rope.apply(q, k, pos, layout="bthd", impl="reference")
+        for _ in range(8):
+            qi, ki = q.clone(), k.clone()
+            rope.apply_(qi, ki, pos, layout="bthd", table=table)
+            if not (torch.equal(qi, expected[0]) and torch.equal(ki, expected[1])):
+                errors.append(seed)
+
+    callers = [threading.Thread(target=worker, args=(s,)) for s in range(3)]
+    for c in callers:
+        c.start()
+    for c in callers:
+        c.join()
+    assert errors == []
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="no fork here")
+def test_a_forked_child_starts_its_own_pool(threads):
+    rope, q, k, pos, table = _case(torch.float32)
+    expected = rope.apply(q, k, pos, layout="bthd", impl="reference")
+    threads(3)
+    _check(rope, q, k, pos, table, expected)  # the parent's pool is running
+    assert cpu.pool_workers() >= 2
+    pid = os.fork()
+    if pid == 0:  # the child: the parent's workers did not follow; a hang is killed by the alarm
+        code = 1
+        try:
+            signal.alarm(60)
+            inherited = cpu.pool_workers()  # 0: the parent's workers are not the child's
+            torch.set_num_threads(1)  # torch's own OpenMP pool does not survive a fork: its ops run on one thread
+            qi, ki = q.clone(), k.clone()
+            torch.set_num_threads(3)  # the kernel's pool: three threads, two of them workers started in the child
+            rope.apply_(qi, ki, pos, layout="bthd", table=table)
+            workers = cpu.pool_workers()
+            torch.set_num_threads(1)
+            exact = torch.equal(qi, expected[0]) and torch.equal(ki, expected[1])
+            code = 0 if exact and inherited == 0 and workers == 2 else 2
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, status
+    _check(rope, q, k, pos, table, expected)  # and the parent's pool still serves
+
+
+def test_overlap_flag_refuses_meeting_ranges_and_writes_nothing():
+    lib = cpu.require(torch.float32)
+    table = Rope(head_dim=8).table(4)
+    x = randn(1, 4, 2, 8)  # [b, h, t, d]
+    rows = torch.tensor([1, 3])
+
+    def call(q, k, flags):
+        return lib.posenc_rope(cpu.pack_args(
+            q.data_ptr(), q.data_ptr(), k.data_ptr(), k.data_ptr(), table.cos.data_ptr(), table.sin.data_ptr(),
+            rows.data_ptr(), 1, q.shape[1], k.shape[1], 2, 8, *q.stride(), *q.stride(), *k.stride(), *k.stride(),
+            4, 4, 0, cpu.DTYPES[torch.float32], cpu.PAIRING_CODES["split_half"], 1, flags))
+
+    before = x.clone()
+    for q, k in ((x[:, :3], x[:, 2:]), (x, x), (x[:, :1].expand(1, 3, 2, 8), x[:, 1:])):  # meeting ranges, broadcast
+        assert call(q, k, cpu.FLAG_CHECK_OVERLAP) == cpu.OVERLAP
+        assert torch.equal(x, before)
+    assert call(x[:, :2], x[:, 2:], cpu.FLAG_CHECK_OVERLAP) == 0  # adjacent, disjoint: rotated
+    expected = Rope(head_dim=8).apply(before[:, :2], before[:, 2:], rows, impl="reference")
+    assert torch.equal(x[:, :2], expected[0]) and torch.equal(x[:, 2:], expected[1])
+
+
+def test_hot_path_runs_without_the_general_router(monkeypatch):
+    # with a held table these calls never reach route.rotate; calls the hot path does not take do
+    rope = Rope(head_dim=128)
+    table = rope.table(4096)
+    q, k = randn(32, 1, 32, 128, dtype=torch.bfloat16), randn(32, 1, 8, 128, dtype=torch.bfloat16, seed=1)
+    cases = [torch.full((32, 1), 4095), torch.tensor([7]), torch.tensor([[9]])]  # [b, t], [t], [1, t]
+    expected = [rope.apply(q, k, p, layout="bthd", impl="reference") for p in cases]
+    expected_bhtd = rope.apply(q.transpose(1, 2), k.transpose(1, 2), cases[0], impl="reference")
+
+    def general(*args, **kwargs):
+        raise AssertionError("the general router ran")
+
+    monkeypatch.setattr(route, "rotate", general)
+    for p, want in zip(cases, expected):
+        got = rope.apply(q, k, p, layout="bthd", table=table)
+        assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+        qi, ki = q.clone(), k.clone()
+        assert rope.apply_(qi, ki, p, layout="bthd", table=table, impl="cpu")[0] is qi
+        assert torch.equal(qi, want[0]) and torch.equal(ki, want[1])
+    got = rope.apply(q.transpose(1, 2), k.transpose(1, 2), cases[0], table=table)  # bhtd views of bthd memory
+    assert torch.equal(got[0], expected_bhtd[0]) and torch.equal(got[1], expected_bhtd[1])
+    for call in (lambda: rope.apply(q[0], k[0], cases[1], layout="thd", table=table),  # packed layout
+                 lambda: rope.apply_(q.clone(), k.clone(), cases[0], layout="bthd", table=table, impl="reference"),
+                 lambda: rope.apply(q, k.float(), cases[0], layout="bthd", table=table),  # two dtypes
+                 lambda: rope.apply(q, k, cases[0].int(), layout="bthd", table=table)):  # int32 positions
+        with pytest.raises(AssertionError, match="general router"):
+            call()
+
+
+@st.composite
+def held_cases(draw):
+    layout = draw(st.sampled_from(["bhtd", "bthd"]))
+    dtype = draw(st.sampled_from([torch.float32, torch.bfloat16, torch.float16, torch.float64]))
+    pairing = draw(st.sampled_from(["split_half", "interleaved", "interleaved_to_split_half"]))
+    head_dim = draw(st.sampled_from([8, 20, 64, 72, 128]))
+    rotary = draw(st.sampled_from([r for r in (4, 8, 16, 20, 64, 128) if r <= head_dim]))
+    b, hq, hk, t = (draw(st.integers(1, n)) for n in (4, 9, 9, 6))
+    pos_shape = draw(st.sampled_from(["t", "1t", "bt"]))
+    view = draw(st.sampled_from(["dense", "heads_slice", "channels_slice"]))
+    inplace = draw(st.booleans())
+    threads = draw(st.sampled_from([1, 2, 3]))
+    seed = draw(st.integers(0, 2**16))
+    return layout, dtype, pairing, head_dim, rotary, b, hq, hk, t, pos_shape, view, inplace, threads, seed
+
+
+def _make(shape, view, layout, dtype, seed):
+    """A tensor of `shape` (in `layout`), dense or a strided view into a larger buffer."""
+    heads_axis = 1 if layout == "bhtd" else 2
+    if view == "dense":
+        return randn(*shape, dtype=dtype, seed=seed)
+    big = list(shape)
+    if view == "heads_slice":
+        big[heads_axis] += 2
+        return randn(*big, dtype=dtype, seed=seed).narrow(heads_axis, 1, shape[heads_axis])
+    big[3] *= 2
+    return randn(*big, dtype=dtype, seed=seed)[..., shape[3]:]
+
+
+@hypothesis.settings(max_examples=80, deadline=None, derandomize=True)
+@hypothesis.given(held_cases())
+def test_held_table_path_equals_the_reference(case):
+    layout, dtype, pairing, head_dim, rotary, b, hq, hk, t, pos_shape, view, inplace, n, seed = case
+    if not cpu.available(dtype):
+        return
+    rope = Rope(head_dim=head_dim, rotary_dim=rotary, pairing=pairing)
+    table = rope.table(50)
+    shape = (lambda h: (b, h, t, head_dim)) if layout == "bhtd" else (lambda h: (b, t, h, head_dim))
+    q, k = _make(shape(hq), view, layout, dtype, seed), _make(shape(hk), view, layout, dtype, seed + 1)
+    gen = torch.Generator().manual_seed(seed)
+    pos = {"t": lambda: torch.randint(0, 50, (t,), generator=gen), "1t": lambda: torch.randint(0, 50, (1, t), generator=gen),
+           "bt": lambda: torch.randint(0, 50, (b, t), generator=gen)}[pos_shape]()
+    expected = rope.apply(q, k, pos, layout=layout, impl="reference")
+    before = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        if inplace:
+            got = rope.apply_(q, k, pos, layout=layout, table=table)
+            assert got[0] is q and got[1] is k
+        else:
+            q0, k0 = q.clone(), k.clone()
+            got = rope.apply(q, k, pos, layout=layout, table=table)
+            assert torch.equal(q, q0) and torch.equal(k, k0)
+    finally:
+        torch.set_num_threads(before)
+    assert got[0].dtype == dtype and got[0].shape == q.shape
+    assert torch.equal(got[0], expected[0]) and torch.equal(got[1], expected[1])
+
+
+def test_hot_path_refusals_name_the_argument_and_write_nothing():
+    rope = Rope(head_dim=64)
+    table = rope.table(100)
+    q, k = randn(3, 1, 4, 64), randn(3, 1, 2, 64, seed=1)  # bthd decode
+    cases = [
+        ((q, k, torch.tensor([[5], [100], [7]])), r"^position_ids: expected positions in \[0, 100\)"),
+        ((q, k, torch.tensor([[5], [-1], [7]])), r"^position_ids: expected positions in \[0, 100\)"),
+        ((q, q, torch.tensor([[5], [6], [7]])), "k: expected a tensor that shares no memory with q"),
+        ((q, k, torch.tensor([5, 6])), "position_ids: expected last dim = 1 tokens"),
+        ((q, k[:2], torch.tensor([5])), r"^k: expected size 3 in dim 0"),
+        ((q, k.double(), torch.tensor([5])), None),  # k in another dtype: rotated, each by its own call
+    ]
+    for args, message in cases:
+        qi, ki = args[0].clone(), args[1].clone() if args[1] is not args[0] else None
+        ki = qi if ki is None else ki
+        if message is None:
+            got = rope.apply_(qi, ki, args[2], layout="bthd", table=table)
+            exp = rope.apply(args[0], args[1], args[2], layout="bthd", impl="reference")
+            assert torch.equal(got[0], exp[0]) and torch.equal(got[1], exp[1])
+            continue
+        q0, k0 = qi.clone(), ki.clone()
+        with pytest.raises(PosencError, match=message):
+            rope.apply_(qi, ki, args[2], layout="bthd", table=table)
+        assert torch.equal(qi, q0) and torch.equal(ki, k0), message
+
+
+@pytest.mark.parametrize("huge", ["0", "1"])
+def test_held_table_allocating_large_outputs_bit_exact(huge, monkeypatch, threads):
+    # >= 4 MiB fresh outputs: huge pages advised (unless POSENC_HUGE_PAGES=0) and streaming stores, on the hot path
+    monkeypatch.setenv("POSENC_HUGE_PAGES", huge)
+    rope = Rope(head_dim=128)
+    table = rope.table(1100)
+    q, k = randn(1, 1031, 8, 128), randn(1, 1031, 2, 128, seed=1)  # bthd, q 4.03 MiB
+    pos = torch.arange(1031) + 60
+    expected = rope.apply(q, k, pos, layout="bthd", impl="reference")
+    for n in (1, 2):
+        threads(n)
+        got = rope.apply(q, k, pos, layout="bthd", table=table)
+        assert torch.equal(got[0], expected[0]) and torch.equal(got[1], expected[1]), n
