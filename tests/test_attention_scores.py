@@ -1,5 +1,5 @@
-"""`posenc.attention.attention` with chunked masks (Llama 4), a query temperature (Llama 4, Ministral 3) and
-score soft-capping (Gemma 2), in every impl.
+"""`posenc.attention.attention` with chunked masks (Llama 4), a query temperature (Llama 4, Ministral 3),
+score soft-capping (Gemma 2) in every impl that can, and attention sinks (gpt-oss, eager).
 
 Oracle: a dense float64 recompute written here from the definitions: one query and one key at a time
 (Python loops over positions, no masks shared with the code under test), softmax over the visible keys,
@@ -23,7 +23,7 @@ pytestmark = pytest.mark.filterwarnings("ignore:.*flex_attention called without 
 
 
 def dense64(q, k, v, qp, kp, *, scale, causal=True, window=None, chunk=None, temperature=None, softcap=None,
-            key_mask=None):
+            key_mask=None, sinks=None):
     """Row by row: which keys a query sees, its scores, their softmax; zeros for a query that sees nothing."""
     b, hq, tq, _ = q.shape
     groups = hq // k.shape[1]
@@ -46,7 +46,9 @@ def dense64(q, k, v, qp, kp, *, scale, causal=True, window=None, chunk=None, tem
                 s = torch.stack([(qi @ k[r, h // groups, j].double()) * scale for j in keys])
                 if softcap is not None:
                     s = softcap * torch.tanh(s / softcap)
-                out[r, h, i] = torch.softmax(s, 0) @ v[r, h // groups, keys].double()
+                if sinks is not None:  # the sink's logit takes its share of the softmax, which is dropped
+                    s = torch.cat((s, sinks[h].double().reshape(1)))
+                out[r, h, i] = torch.softmax(s, 0)[:len(keys)] @ v[r, h // groups, keys].double()
     return out
 
 
@@ -82,6 +84,18 @@ def test_softcap_equals_dense_recompute(impl):
     assert (uncapped - want).abs().max() > 1e-3  # the cap matters at these scores
 
 
+def test_sinks_equal_dense_recompute():
+    q, k, v = _inputs(2, 4, 2, 6, 9, 8, seed=4)
+    kp = torch.arange(9).expand(2, 9)
+    qp = kp[:, 3:]
+    sinks = torch.tensor([0.5, -1.0, 2.0, 0.0], dtype=torch.float64)
+    mask = torch.tensor([[True] * 9, [False] * 4 + [True] * 5])
+    got = attention(q, k, v, q_positions=qp, k_positions=kp, sinks=sinks, key_mask=mask, window=4)
+    assert_close(got, dense64(q, k, v, qp, kp, scale=8**-0.5, sinks=sinks, key_mask=mask, window=4))
+    plain = attention(q, k, v, q_positions=qp, k_positions=kp, key_mask=mask, window=4)
+    assert (plain - got).abs().max() > 1e-2  # the sinks take a visible share
+
+
 @settings(max_examples=25, deadline=None)
 @given(tq=st.integers(1, 6), extra=st.integers(0, 5), start=st.integers(0, 40), chunk=st.integers(1, 7),
        window=st.one_of(st.none(), st.integers(1, 8)), beta=st.floats(0.0, 2.0), floor=st.integers(1, 9),
@@ -113,6 +127,10 @@ def test_chunk_is_by_position_not_index():
     (dict(softcap=float("nan")), r"^softcap: expected None or a finite number > 0"),
     (dict(softcap=2.0, impl="sdpa"), r"^impl: expected 'eager' or 'flex' with a softcap"),
     (dict(temperature=QueryTemperature(0.1, 4), q_positions=torch.tensor([-1, 0, 1])), r"^q_positions: expected positions >= 0"),
+    (dict(sinks=torch.zeros(3)), r"^sinks: expected a tensor of shape \[hq=2\]"),
+    (dict(sinks=torch.zeros(2, dtype=torch.long)), r"^sinks: expected a floating-point dtype"),
+    (dict(sinks=torch.zeros(2), impl="sdpa"), r"^impl: expected 'eager' with sinks"),
+    (dict(sinks=torch.zeros(2), impl="flex"), r"^impl: expected 'eager' with sinks"),
 ])
 def test_bad_score_options_refused(kw, match):
     q, k, v = _inputs(1, 2, 2, 3, 3, 4, seed=0)

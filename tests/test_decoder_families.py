@@ -47,7 +47,12 @@ FAMILIES = {
     "llama4_text": ("Llama4TextConfig", dict(moe_layers=[], intermediate_size_mlp=80, attention_chunk_size=3,
                                              floor_scale=2, attn_scale=0.5, rms_norm_eps=1e-5), "llama4",
                     {"qk_norm": None}),
+    "gpt_oss": ("GptOssConfig", dict(num_local_experts=4, num_experts_per_tok=2, intermediate_size=48, sliding_window=4,
+                                     swiglu_limit=0.5, swiglu_alpha=1.3), "gpt_oss",
+                {"sinks": False, "moe": posenc.models.arch.MoESpec(4, 2, alpha=1.3, limit=100.0),
+                 "moe ": posenc.models.arch.MoESpec(4, 2, alpha=1.0, limit=0.5)}),
 }
+EAGER = {"gemma2", "gpt_oss"}  # soft-capping and sinks: transformers and posenc both run eager attention
 
 
 def _norm64(offset):
@@ -101,7 +106,9 @@ def hf_model(family, monkeypatch, **extra):
     if family == "llama4_text":
         monkeypatch.setattr(module, "apply_rotary_emb", _rotate64)
         monkeypatch.setattr(module.Llama4TextRotaryEmbedding, "forward", _freqs_cis)
-    impl = "eager" if family == "gemma2" else "sdpa"
+    impl = "eager" if family in EAGER else "sdpa"
+    if family == "gpt_oss":  # the experts' loop (grouped_mm, transformers' default, refuses float64)
+        extra = {"experts_implementation": "eager", **extra}
     config = getattr(transformers, config_cls)(**{**SMALL, **facts, **extra}, attn_implementation=impl)
     torch.manual_seed(0)
     model = transformers.AutoModelForCausalLM.from_config(config).double().eval()
@@ -114,7 +121,7 @@ def hf_model(family, monkeypatch, **extra):
 
 def ours(hf, **kw):
     """posenc's decoder from the same config, holding transformers' weights."""
-    impl = "eager" if hf.config.model_type == "gemma2" else "sdpa"
+    impl = "eager" if hf.config.model_type in EAGER else "sdpa"
     model = Decoder.from_hf_config(hf.config, attn_impl=impl, **kw).double().eval()
     model.load_state_dict(hf.state_dict())
     return model
@@ -152,20 +159,22 @@ def test_each_distinguishing_fact_matters(family, monkeypatch):
     ids = tokens((1, SEQ))
     want = hf(ids).logits
     for fact, value in FAMILIES[family][3].items():
+        fact = fact.strip()  # a trailing space: a second mutation of the same fact
         mutant = Decoder(**_sizes(model), encoding=model.encoding,
                          arch=dataclasses.replace(model.arch, **{fact: value}),
                          attn_impl="sdpa" if fact == "attn_softcap" else model.attn_impl).double().eval()
         mutant.load_state_dict(_mutant_state(hf.state_dict(), model, mutant), strict=False)
-        assert (mutant(ids) - want).abs().max() > 1e-4, f"{family} without {fact}={getattr(model.arch, fact)}"
+        assert (mutant(ids) - want).abs().max() > 1e-4, f"{family} with {fact}={value}"
 
 
 def _sizes(model):
     layer = model.layers[0]
     attn = layer.self_attn
     mlp = getattr(layer, model.arch.mlp_name)
+    inter = mlp.experts.down_proj.shape[1] if model.arch.moe is not None else mlp.gate_proj.weight.shape[0]
     return dict(vocab_size=model.vocab_size, hidden_size=model.embed_tokens.weight.shape[1],
                 num_layers=len(model.layers), num_heads=model.num_heads, num_kv_heads=model.num_kv_heads,
-                head_dim=model.head_dim, intermediate_size=mlp.gate_proj.weight.shape[0], rms_norm_eps=model.norm.eps,
+                head_dim=model.head_dim, intermediate_size=inter, rms_norm_eps=model.norm.eps,
                 tie_word_embeddings=model.lm_head.weight is model.embed_tokens.weight,
                 attention_bias=attn.o_proj.bias is not None, qkv_bias=attn.q_proj.bias is not None)
 
@@ -188,7 +197,7 @@ def test_families_without_rope_layers_share_no_rope():
 
 
 @pytest.mark.parametrize("config, match", [
-    (lambda: transformers.GptOssConfig(**SMALL), r"config\['model_type'\].*'gpt_oss', whose layers need a mixture-of"),
+    (lambda: transformers.Qwen3MoeConfig(**SMALL), r"config\['model_type'\].*'qwen3_moe', whose layers need a mixture-of"),
     (lambda: transformers.Llama4TextConfig(**SMALL), r"config\['moe_layers'\]: expected no MoE layers.*got MoE layers \[0, 1, 2, 3\]"),
     (lambda: transformers.MixtralConfig(**{k: v for k, v in SMALL.items()}), r"'mixtral', whose layers need a mixture"),
 ])
@@ -205,3 +214,5 @@ def test_softcap_needs_eager_or_flex():
     with pytest.raises(posenc.PosencError, match=r"^attn_impl"):
         model.attn_impl = "sdpa"
     assert model.attn_impl == "flex"  # unchanged
+    with pytest.raises(posenc.PosencError, match=r"^attn_impl: expected 'eager' \(this gpt_oss model adds attention sinks"):
+        Decoder.from_hf_config(transformers.GptOssConfig(**SMALL, num_local_experts=4, num_experts_per_tok=2))

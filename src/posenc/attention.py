@@ -171,6 +171,7 @@ def attention(
     chunk: int | None = None,
     temperature: QueryTemperature | None = None,
     softcap: float | None = None,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Softmax attention with an explicit positional encoding and explicit logical positions.
 
@@ -195,6 +196,8 @@ def attention(
             (float32 factors, the product cast back to q's dtype) after the encoding; needs q positions >= 0.
         softcap: Gemma 2's attention soft-capping: the scaled scores become `softcap * tanh(s / softcap)`
             before any bias and the mask; "eager" and "flex" only (sdpa cannot change scores).
+        sinks: `[hq]` attention sinks (gpt-oss): one logit per query head joins each row's softmax and its
+            probability is dropped (the row's weights sum to less than 1); "eager" only.
     Returns:
         `[b, hq, tq, dv]` in q's dtype; rows with no visible key (and every row when tk = 0) are zeros.
     Raises:
@@ -202,11 +205,14 @@ def attention(
             Rope, negative ones), positions on another device than q, an unknown encoding or impl, a Rope
             or absolute embedding whose width is not d, `impl="flex"` on a torch without it, a chunk that is
             not an integer >= 1, a temperature that is not a QueryTemperature (or negative q positions with
-            one), a softcap that is not a number > 0, a softcap with `impl="sdpa"`.
+            one), a softcap that is not a number > 0, a softcap with `impl="sdpa"`, sinks that are not a
+            float tensor of shape [hq] or with an impl other than "eager".
     """
     choice("impl", impl, IMPLS)
     q_pos, k_pos, scale = check_inputs(q, k, v, q_positions, k_positions, key_mask, scale, window)  # [b, t]
     chunk, softcap = check_score_options(chunk, temperature, softcap, impl)
+    if sinks is not None:
+        _check_sinks(sinks, q, impl)
     b, hq, tq, hk, tk = q.shape[0], q.shape[1], q.shape[2], k.shape[1], k.shape[2]
     check_encoding(encoding, q)
     if b == 0 or tq == 0 or tk == 0:  # nothing to attend to (or nobody asking): no kernel, no table
@@ -233,7 +239,12 @@ def attention(
             scores = torch.tanh(scores / softcap) * softcap  # Gemma 2's order: divide, tanh, multiply
         if bias is not None:
             scores = scores + bias.to(compute)
-        probs = torch.softmax(scores.masked_fill(~safe, float("-inf")), dim=-1)  # [b, hq, tq, tk]
+        scores = scores.masked_fill(~safe, float("-inf"))  # [b, hq, tq, tk]
+        if sinks is None:
+            probs = torch.softmax(scores, dim=-1)  # [b, hq, tq, tk]
+        else:  # the sink's logit joins the softmax; its share is dropped
+            sink = sinks.to(compute).view(1, hq, 1, 1).expand(b, hq, tq, 1)  # [b, hq, tq, 1]
+            probs = torch.softmax(torch.cat((scores, sink), -1), dim=-1)[..., :-1]  # [b, hq, tq, tk]
         out = probs @ v_rep.to(compute)  # [b, hq, tq, dv]
     out = out if seen is None else out * seen  # [b, hq, tq, dv]; rows with nothing to see -> 0
     return out.to(q.dtype)
@@ -255,6 +266,14 @@ def check_score_options(chunk: Any, temperature: Any, softcap: Any, impl: str) -
         if impl == "sdpa":
             fail("impl", "'eager' or 'flex' with a softcap (scaled_dot_product_attention cannot cap scores)", impl)
     return chunk, softcap
+
+
+def _check_sinks(sinks: Any, q: torch.Tensor, impl: str) -> None:
+    check_float_tensor("sinks", sinks, ndim=(1,))
+    if sinks.shape[0] != q.shape[1] or sinks.device != q.device:
+        fail("sinks", f"a tensor of shape [hq={q.shape[1]}] on {q.device}", sinks)
+    if impl != "eager":
+        fail("impl", "'eager' with sinks (posenc adds attention sinks in eager attention only)", impl)
 
 
 def apply_temperature(temperature: QueryTemperature, q: torch.Tensor, q_pos: torch.Tensor) -> torch.Tensor:

@@ -2,9 +2,9 @@
 multipliers, soft-caps, per-layer RoPE / window / chunk / query temperature), or a refusal that says why.
 
 Built: the Llama family as before (llama, mistral, qwen2 and types outside the tables below: `None`, plain
-Llama blocks), and qwen3, gemma2, gemma3_text, olmo2, olmo3, granite, smollm3, llama4_text (dense layers only).
-Refused by name: families whose layers need more than config facts (mixture-of-experts MLPs, attention sinks,
-fused or parallel blocks), in `REFUSED`.
+Llama blocks), and qwen3, gemma2, gemma3_text, olmo2, olmo3, granite, smollm3, llama4_text (dense layers only),
+gpt_oss (attention sinks, its mixture of clamped-SwiGLU experts). Refused by name: families whose layers need
+more than these facts (other mixture-of-experts MLPs, fused or parallel blocks), in `REFUSED`.
 
     >>> cfg = {"model_type": "gemma2", "vocab_size": 10, "hidden_size": 64, "num_hidden_layers": 2,
     ...        "num_attention_heads": 2, "head_dim": 32, "intermediate_size": 8, "sliding_window": 4}
@@ -28,10 +28,9 @@ from .temperature import layer_temperatures
 
 __all__ = ["decoder_arch", "FAMILIES", "REFUSED"]
 
-FAMILIES = ("qwen3", "gemma2", "gemma3_text", "olmo2", "olmo3", "granite", "smollm3", "llama4_text")
+FAMILIES = ("qwen3", "gemma2", "gemma3_text", "olmo2", "olmo3", "granite", "smollm3", "llama4_text", "gpt_oss")
 _MOE = "a mixture-of-experts MLP (a router over expert MLPs), which the decoder does not build"
 REFUSED = {
-    "gpt_oss": f"{_MOE}, with a clamped SwiGLU, and attention sinks (a learned logit per head in the softmax)",
     **dict.fromkeys(("mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "granitemoe", "granitemoeshared", "phimoe",
                      "deepseek_v2", "deepseek_v3", "dbrx", "jamba", "minimax", "llama4"), _MOE),
     "gemma": "Gemma 1 blocks ((1 + w) norms, GeGLU, scaled embeddings), not yet described as an Arch",
@@ -49,6 +48,7 @@ _DEFAULTS: dict[str, dict[str, Any]] = {
     "granite": {"embedding_multiplier": 1.0, "residual_multiplier": 1.0, "attention_multiplier": 1.0,
                 "logits_scaling": 1.0},
     "llama4_text": {"use_qk_norm": True, "attention_chunk_size": 8192, "interleave_moe_layer_step": 1},
+    "gpt_oss": {"num_local_experts": 128, "num_experts_per_tok": 4, "swiglu_alpha": 1.702, "swiglu_limit": 7.0},
 }
 
 
@@ -64,7 +64,7 @@ def decoder_arch(config: Any) -> tuple[Any, Rope | None]:
         PosencError: a family in `REFUSED` (the message says why), Llama 4 configs with MoE layers, an
             unsupported activation, invalid multipliers or soft-caps, or any error of `posenc.hf.layer_ropes`.
     """
-    from ..models.arch import Arch, LayerSpec
+    from ..models.arch import Arch, LayerSpec, MoESpec
 
     cfg = config_to_dict(config)
     model_type = cfg.get("model_type") or "llama"
@@ -103,6 +103,12 @@ def decoder_arch(config: Any) -> tuple[Any, Rope | None]:
         facts |= {name: real(f"config['{key}']", get(key), gt=0.0) for name, key in (
             ("embed_scale", "embedding_multiplier"), ("residual_scale", "residual_multiplier"),
             ("attn_scale", "attention_multiplier"), ("logit_scale", "logits_scaling"))}
+    elif model_type == "gpt_oss":
+        facts |= dict(sinks=True, moe=MoESpec(
+            num_experts=config_int(cfg, "num_local_experts", default=get("num_local_experts")),
+            top_k=config_int(cfg, "num_experts_per_tok", default=get("num_experts_per_tok")),
+            alpha=real("config['swiglu_alpha']", get("swiglu_alpha"), gt=0.0),
+            limit=real("config['swiglu_limit']", get("swiglu_limit"), gt=0.0)))
     elif model_type == "llama4_text":
         _refuse_moe(cfg, count, get)
         facts |= dict(mlp_name="feed_forward",

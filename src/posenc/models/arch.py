@@ -15,6 +15,8 @@ The Llama-family decoder (`posenc.models.Decoder`) runs the same blocks for ever
   `attn_scale` (the softmax scale: Gemma query_pre_attn_scalar^-1/2, Granite attention_multiplier; None =
   head_dim^-1/2), `logit_scale` (Granite: logits / logits_scaling);
 - caps: `attn_softcap` (scores), `logit_softcap` (final logits): `c * tanh(x / c)` (Gemma 2).
+- `sinks`: a learned logit per query head joins every softmax and takes its share (gpt-oss);
+  `moe`: a `MoESpec` replacing the MLP by a top-k mixture of clamped-SwiGLU experts (gpt-oss).
 - per layer (`LayerSpec`): `rope` (a RoPE this layer applies itself; only when the decoder's layers differ
   in RoPE), `window` (sliding), `chunk` (Llama 4's chunked attention), `temperature` (Llama 4's NoPE layers).
 
@@ -33,7 +35,7 @@ from ..errors import choice, fail, integer, real
 from ..rope.spec import Rope
 from ..rope.temperature import QueryTemperature
 
-__all__ = ["Arch", "LayerSpec", "NORMS", "LAYOUTS", "QK_NORMS", "ACTIVATIONS", "NORM_NAMES"]
+__all__ = ["Arch", "LayerSpec", "MoESpec", "NORMS", "LAYOUTS", "QK_NORMS", "ACTIVATIONS", "NORM_NAMES"]
 
 NORMS = ("rms", "offset")
 LAYOUTS = ("pre", "sandwich", "post")
@@ -79,6 +81,28 @@ class LayerSpec:
             fail("temperature", "None or a posenc.rope.temperature.QueryTemperature", self.temperature)
 
 
+@dataclass(frozen=True)
+class MoESpec:
+    """gpt-oss's mixture of experts: a linear router (with bias) picks `top_k` of `num_experts` per token, their
+    softmax weights the experts' outputs; each expert is `down((up + 1) * gate * sigmoid(alpha * gate))` with
+    `gate <= limit` and `|up| <= limit` (clamped), gate and up interleaved in one `gate_up_proj`, all with biases.
+
+    Raises:
+        PosencError: counts that are not integers (top_k in 1..num_experts), alpha or limit not finite > 0.
+    """
+
+    num_experts: int
+    top_k: int
+    alpha: float = 1.702
+    limit: float = 7.0
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "num_experts", integer("num_experts", self.num_experts, min=1))
+        object.__setattr__(self, "top_k", integer("top_k", self.top_k, min=1, max=self.num_experts))
+        object.__setattr__(self, "alpha", real("alpha", self.alpha, gt=0.0))
+        object.__setattr__(self, "limit", real("limit", self.limit, gt=0.0))
+
+
 def _optional_real(name: str, value: float | None) -> float | None:
     return None if value is None else real(name, value, gt=0.0, what="None or a finite number > 0")
 
@@ -104,6 +128,8 @@ class Arch:
     logit_scale: float = 1.0
     attn_softcap: float | None = None
     logit_softcap: float | None = None
+    sinks: bool = False
+    moe: MoESpec | None = None
     family: str = field(default="llama", compare=False)  # the model type it was read from, for messages
 
     def __post_init__(self) -> None:
@@ -121,6 +147,10 @@ class Arch:
             object.__setattr__(self, name, real(name, getattr(self, name), gt=0.0))
         for name in ("attn_scale", "attn_softcap", "logit_softcap"):
             object.__setattr__(self, name, _optional_real(name, getattr(self, name)))
+        if not isinstance(self.sinks, bool):
+            fail("sinks", "True or False", self.sinks)
+        if self.moe is not None and not isinstance(self.moe, MoESpec):
+            fail("moe", "None or a MoESpec", self.moe)
 
     @property
     def windows(self) -> tuple[int | None, ...]:

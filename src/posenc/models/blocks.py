@@ -19,6 +19,7 @@ from ..cache import KVCache
 from ..rope import route
 from .arch import NORM_NAMES, Arch, LayerSpec
 from .layers import Step
+from .moe import MoE
 
 __all__ = ["Norm", "GatedMLP", "ArchAttention", "ArchLayer"]
 
@@ -64,7 +65,8 @@ class GatedMLP(nn.Module):
 
 class ArchAttention(nn.Module):
     """GQA attention over a `KVCache` with a family's q/k norm, its own or the shared RoPE, query temperature,
-    window, chunk and soft-cap (`Arch` / `LayerSpec`); names as transformers' (`q_proj`, ..., `q_norm`, `k_norm`)."""
+    window, chunk, soft-cap and sinks (`Arch` / `LayerSpec`); names as transformers' (`q_proj`, ..., `q_norm`,
+    `k_norm`, `sinks`)."""
 
     def __init__(self, hidden_size: int, num_heads: int, num_kv_heads: int, head_dim: int, eps: float, arch: Arch,
                  spec: LayerSpec, bias: bool = False, qkv_bias: bool = False) -> None:
@@ -82,6 +84,8 @@ class ArchAttention(nn.Module):
             self.k_norm = Norm(num_kv_heads * head_dim, eps, arch.norm)
         elif arch.qk_norm == "l2":  # no weight (Llama 4's L2Norm, eps = rms_norm_eps)
             self.l2_norm = Norm(None, eps)
+        if arch.sinks:  # gpt-oss: one learned logit per query head in every softmax
+            self.sinks = nn.Parameter(torch.zeros(num_heads))
 
     def forward(self, x: torch.Tensor, layer: int, step: Step, cache: KVCache | None) -> torch.Tensor:
         b, t, _ = x.shape
@@ -110,12 +114,14 @@ class ArchAttention(nn.Module):
         else:
             cache.write(layer, k, v, step.slots, step.cos, step.sin, index=step.index, rotated=rotate_k)
             keys, values = cache.read(layer, step.key_tables, step.width)  # [b, hk, w, d]
-        out = step.attend(q, keys, values, self.spec.window, chunk=self.spec.chunk)  # [b, hq, t, d]
+        out = step.attend(q, keys, values, self.spec.window, chunk=self.spec.chunk,
+                          sinks=self.sinks if self.arch.sinks else None)  # [b, hq, t, d]
         return self.o_proj(out.transpose(1, 2).reshape(b, t, -1))  # [b, t, hidden]
 
 
 class ArchLayer(nn.Module):
-    """One block: norms placed by `arch.layout`, attention, gated MLP, residuals times `arch.residual_scale`."""
+    """One block: norms placed by `arch.layout`, attention, gated MLP (or gpt-oss's MoE), residuals times
+    `arch.residual_scale`."""
 
     def __init__(self, hidden_size: int, num_heads: int, num_kv_heads: int, head_dim: int, intermediate_size: int,
                  eps: float, arch: Arch, spec: LayerSpec, attention_bias: bool = False, mlp_bias: bool = False,
@@ -127,7 +133,9 @@ class ArchLayer(nn.Module):
             self.add_module(name, Norm(hidden_size, eps, arch.norm))
         self.self_attn = ArchAttention(hidden_size, num_heads, num_kv_heads, head_dim, eps, arch, spec,
                                        attention_bias, qkv_bias)
-        self.add_module(arch.mlp_name, GatedMLP(hidden_size, intermediate_size, arch.activation, mlp_bias))
+        mlp = GatedMLP(hidden_size, intermediate_size, arch.activation, mlp_bias) if arch.moe is None \
+            else MoE(hidden_size, intermediate_size, arch.moe)
+        self.add_module(arch.mlp_name, mlp)
 
     def _norm(self, place: str, x: torch.Tensor) -> torch.Tensor:
         name = self.names.get(place)

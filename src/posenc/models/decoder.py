@@ -69,7 +69,7 @@ class Decoder(nn.Module):
             Layers with their own RoPE need `encoding=None` (each layer rotates its q and k before the cache).
     Raises:
         PosencError: non-positive sizes, heads that do not divide, an encoding of the wrong kind or width,
-            an unknown attn_impl, "sdpa" with an arch that soft-caps scores, an arch of another layer count
+            an unknown attn_impl, "sdpa" with an arch that soft-caps scores, other than "eager" with sinks, an arch of another layer count
             or whose windows differ from layer_windows, layer RoPEs beside an encoding, of another head_dim,
             with a length-dependent scaling or a softmax scale factor.
     """
@@ -143,6 +143,9 @@ class Decoder(nn.Module):
     def attn_impl(self, impl: str) -> None:
         if impl not in IMPLS:
             fail("attn_impl", f"one of {IMPLS}", impl)
+        if impl != "eager" and self.arch is not None and self.arch.sinks:
+            fail("attn_impl", f"'eager' (this {self.arch.family} model adds attention sinks to its softmax, which "
+                 "posenc computes in eager attention only)", impl)
         if impl == "sdpa" and self.arch is not None and self.arch.attn_softcap is not None:
             fail("attn_impl", f"'eager' or 'flex' (this {self.arch.family} model soft-caps its attention scores, "
                  "which scaled_dot_product_attention cannot do)", impl)
@@ -352,18 +355,18 @@ class Decoder(nn.Module):
         softcap = self.arch.attn_softcap if self.arch is not None else None
         scheme = self.encoding if self.kind == "bias" else None
         if impl != "sdpa" or scheme is not None:
-            def attend(q, k, v, window, chunk=None):
+            def attend(q, k, v, window, chunk=None, sinks=None):
                 with rename({"impl": "attn_impl"}):  # the decoder's name for the choice
                     return attention(q, k, v, q_positions=positions, k_positions=key_positions, encoding=scheme,
                                      key_mask=key_mask, scale=scale, impl=impl, window=window, chunk=chunk,
-                                     softcap=softcap)
+                                     softcap=softcap, sinks=sinks)
             return attend
         masks: dict[tuple[int | None, int | None], tuple[torch.Tensor | None, torch.Tensor | None]] = {}
         if positions.shape[1] == key_positions.shape[1] and torch.equal(positions, key_positions) \
                 and bool(key_mask.all()):  # a fresh prefill without padding: causal by index, no mask
             masks[None, None] = (None, None)
 
-        def attend(q, k, v, window, chunk=None):
+        def attend(q, k, v, window, chunk=None, sinks=None):  # sinks: refused with sdpa by the attn_impl setter
             if (window, chunk) not in masks:
                 masks[window, chunk] = visibility(positions, key_positions, key_mask, window, chunk=chunk)  # [b, 1, t, w]
             return sdpa_attention(q, k, v, *masks[window, chunk], scale=scale)  # [b, hq, t, d]

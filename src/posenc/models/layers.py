@@ -28,7 +28,7 @@ class Step:
     """What every layer of one forward shares (built once per forward by the decoder).
 
     Attributes:
-        attend: `attend(q, k, v, window, chunk=None) -> [b, hq, t, dv]`, this forward's attention with its masks
+        attend: `attend(q, k, v, window, chunk=None, sinks=None) -> [b, hq, t, dv]`, this forward's attention with its masks
             (built once from logical positions; see `Decoder._attend`).
         windows: per layer, a sliding window or None.
         pairing: the RoPE pairing, or None without RoPE.
