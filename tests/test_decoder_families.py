@@ -216,3 +216,36 @@ def test_softcap_needs_eager_or_flex():
     assert model.attn_impl == "flex"  # unchanged
     with pytest.raises(posenc.PosencError, match=r"^attn_impl: expected 'eager' \(this gpt_oss model adds attention sinks"):
         Decoder.from_hf_config(transformers.GptOssConfig(**SMALL, num_local_experts=4, num_experts_per_tok=2))
+
+
+ROPE = posenc.Rope(head_dim=16)
+
+
+@pytest.mark.parametrize("make, match", [
+    (lambda: posenc.models.arch.LayerSpec(window=0), r"^window: expected None or an integer >= 1, got 0"),
+    (lambda: posenc.models.arch.LayerSpec(chunk=1.5), r"^chunk: expected None or an integer >= 1"),
+    (lambda: posenc.models.arch.LayerSpec(rope="rope"), r"^rope: expected None or a posenc.Rope"),
+    (lambda: posenc.models.arch.LayerSpec(temperature=0.1), r"^temperature: expected None or a posenc.rope"),
+    (lambda: posenc.models.arch.Arch(layers=()), r"^layers: expected a non-empty tuple of LayerSpec"),
+    (lambda: posenc.models.arch.Arch(layers=(posenc.models.arch.LayerSpec(),), norm="layer"), r"^norm: expected one of"),
+    (lambda: posenc.models.arch.Arch(layers=(posenc.models.arch.LayerSpec(),), attn_softcap=0.0), r"^attn_softcap: expected"),
+    (lambda: posenc.models.arch.Arch(layers=(posenc.models.arch.LayerSpec(),), sinks=1), r"^sinks: expected True or False"),
+    (lambda: posenc.models.arch.MoESpec(num_experts=2, top_k=3), r"^top_k: expected an integer .*2"),
+    (lambda: _decoder(layers=(posenc.models.arch.LayerSpec(),)), r"^arch: expected 2 layer specs"),
+    (lambda: _decoder(encoding=ROPE, layers=(posenc.models.arch.LayerSpec(rope=ROPE),) * 2), r"^encoding: expected None"),
+    (lambda: _decoder(layers=(posenc.models.arch.LayerSpec(rope=posenc.Rope(head_dim=8)),) * 2), r"^arch: expected layer RoPEs of head_dim=16"),
+    (lambda: _decoder(layers=(posenc.models.arch.LayerSpec(rope=posenc.Rope(
+        head_dim=16, scaling=posenc.DynamicNTK(factor=2.0, max_positions=8))),) * 2), r"^arch: expected layer RoPEs with a length-independent"),
+    (lambda: _decoder(layers=(posenc.models.arch.LayerSpec(window=4),) * 2, layer_windows=(None, None)), r"^layer_windows: expected None or the arch's windows \(4, 4\)"),
+    (lambda: _decoder(encoding=ROPE, qk_norm="l2"), r"^encoding: expected None \(qk_norm 'l2'"),
+    (lambda: _decoder(arch="gemma"), r"^arch: expected None or a posenc.models.arch.Arch"),
+])
+def test_arch_values_refuse_bad_input(make, match):
+    with pytest.raises(posenc.PosencError, match=match):
+        make()
+
+
+def _decoder(layers=(posenc.models.arch.LayerSpec(),) * 2, encoding=None, layer_windows=None, arch=None, **facts):
+    arch = arch or posenc.models.arch.Arch(layers=layers, **facts)
+    return Decoder(vocab_size=10, hidden_size=32, num_layers=2, num_heads=2, intermediate_size=8, encoding=encoding,
+                   layer_windows=layer_windows, arch=arch)

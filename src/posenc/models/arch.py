@@ -28,14 +28,15 @@ The Llama-family decoder (`posenc.models.Decoder`) runs the same blocks for ever
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
-from ..errors import choice, fail, integer, real
+from ..errors import Raw, choice, fail, integer, real
 from ..rope.spec import Rope
 from ..rope.temperature import QueryTemperature
 
-__all__ = ["Arch", "LayerSpec", "MoESpec", "NORMS", "LAYOUTS", "QK_NORMS", "ACTIVATIONS", "NORM_NAMES"]
+__all__ = ["Arch", "LayerSpec", "MoESpec", "check_arch", "NORMS", "LAYOUTS", "QK_NORMS", "ACTIVATIONS", "NORM_NAMES"]
 
 NORMS = ("rms", "offset")
 LAYOUTS = ("pre", "sandwich", "post")
@@ -178,3 +179,29 @@ class Arch:
             if spec.rope is not None and spec.rope not in tables:
                 tables[spec.rope] = spec.rope.cos_sin(positions)  # [b, t, r/2] each, float32
         return tuple(None if s.rope is None else tables[s.rope] for s in self.layers)
+
+
+def check_arch(arch: Arch, num_layers: int, head_dim: int, encoding: Any, layer_windows: Any) -> None:
+    """Refuse an `Arch` that does not fit a decoder's sizes and encoding.
+
+    Raises:
+        PosencError: another layer count, windows that differ from `layer_windows`, layer RoPEs (or qk_norm
+            "l2") beside an encoding, layer RoPEs of another head_dim, with a length-dependent scaling or a
+            softmax scale factor.
+    """
+    if len(arch.layers) != num_layers:
+        fail("arch", f"{num_layers} layer specs (num_layers)", Raw(f"{len(arch.layers)}"))
+    if layer_windows is not None and (not isinstance(layer_windows, (tuple, list)) or tuple(layer_windows) != arch.windows):
+        fail("layer_windows", f"None or the arch's windows {arch.windows}", layer_windows)
+    ropes = {s.rope for s in arch.layers if s.rope is not None}
+    if arch.qk_norm == "l2" and encoding is not None:
+        fail("encoding", "None (qk_norm 'l2' normalises rotated q and k: give each rotating layer its LayerSpec.rope)",
+             encoding)
+    if ropes and encoding is not None:
+        fail("encoding", "None (the arch gives some layers their own RoPE)", encoding)
+    for rope in ropes:
+        if rope.head_dim != head_dim:
+            fail("arch", f"layer RoPEs of head_dim={head_dim}", rope)
+        if rope.scaling.depends_on_length or rope.softmax_scale_factor != 1.0:
+            fail("arch", "layer RoPEs with a length-independent scaling and no softmax scale factor (a decoder "
+                 "whose layers differ in RoPE rotates keys before its cache, so it cannot re-table them)", rope)

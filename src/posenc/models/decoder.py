@@ -37,7 +37,7 @@ from ..cache import KVCache
 from ..errors import Raw, batch_positions, fail, integer, integer_tensor, rename
 from ..rope.rerotate import row_tables
 from ..rope.spec import Rope
-from .arch import Arch
+from .arch import Arch, check_arch
 from .blocks import Norm, build_layers
 from .layers import DecoderLayer, RMSNorm, Step
 
@@ -103,7 +103,7 @@ class Decoder(nn.Module):
         if self.kind == "absolute" and encoding.embedding(torch.zeros(1, dtype=torch.long)).shape[-1] != hidden_size:
             fail("encoding", f"an absolute scheme whose embedding has width hidden_size={hidden_size}", encoding)
         if arch is not None:
-            _check_arch(arch, num_layers, head_dim, encoding, layer_windows)
+            check_arch(arch, num_layers, head_dim, encoding, layer_windows)
             layer_windows = arch.windows if layer_windows is None else layer_windows
         layer_windows = (None,) * num_layers if layer_windows is None else tuple(layer_windows)
         what = f"{num_layers} entries, each None or an integer >= 1"
@@ -416,22 +416,3 @@ class Decoder(nn.Module):
                      f"(or pass only the last {t} columns)", past.tolist())
         return input_ids.long(), mask[:, -t:]
 
-
-def _check_arch(arch: Arch, num_layers: int, head_dim: int, encoding: Any, layer_windows: Any) -> None:
-    """Refuse an `Arch` that does not fit the decoder's sizes and encoding (see `Decoder`'s Raises)."""
-    if len(arch.layers) != num_layers:
-        fail("arch", f"{num_layers} layer specs (num_layers)", Raw(f"{len(arch.layers)}"))
-    if layer_windows is not None and tuple(layer_windows) != arch.windows:
-        fail("layer_windows", f"None or the arch's windows {arch.windows}", layer_windows)
-    ropes = {s.rope for s in arch.layers if s.rope is not None}
-    if arch.qk_norm == "l2" and encoding is not None:
-        fail("encoding", "None (qk_norm 'l2' normalises rotated q and k: give each rotating layer its LayerSpec.rope)",
-             encoding)
-    if ropes and encoding is not None:
-        fail("encoding", "None (the arch gives some layers their own RoPE)", encoding)
-    for rope in ropes:
-        if rope.head_dim != head_dim:
-            fail("arch", f"layer RoPEs of head_dim={head_dim}", rope)
-        if rope.scaling.depends_on_length or rope.softmax_scale_factor != 1.0:
-            fail("arch", "layer RoPEs with a length-independent scaling and no softmax scale factor (a decoder "
-                 "whose layers differ in RoPE rotates keys before its cache, so it cannot re-table them)", rope)
