@@ -51,6 +51,10 @@ FAMILIES = {
                                      swiglu_limit=0.5, swiglu_alpha=1.3), "gpt_oss",
                 {"sinks": False, "moe": posenc.models.arch.MoESpec(4, 2, alpha=1.3, limit=100.0),
                  "moe ": posenc.models.arch.MoESpec(4, 2, alpha=1.0, limit=0.5)}),
+    "ministral3": ("Ministral3Config", dict(sliding_window=5, rope_parameters={
+        "rope_type": "yarn", "factor": 4.0, "rope_theta": 10000.0, "llama_4_scaling_beta": 0.4,
+        "original_max_position_embeddings": 3}),
+        "ministral3", {}),
 }
 EAGER = {"gemma2", "gpt_oss"}  # soft-capping and sinks: transformers and posenc both run eager attention
 
@@ -200,6 +204,9 @@ def test_families_without_rope_layers_share_no_rope():
     (lambda: transformers.Qwen3MoeConfig(**SMALL), r"config\['model_type'\].*'qwen3_moe', whose layers need a mixture-of"),
     (lambda: transformers.Llama4TextConfig(**SMALL), r"config\['moe_layers'\]: expected no MoE layers.*got MoE layers \[0, 1, 2, 3\]"),
     (lambda: transformers.MixtralConfig(**{k: v for k, v in SMALL.items()}), r"'mixtral', whose layers need a mixture"),
+    (lambda: {**SMALL, "model_type": "mistral", "rope_parameters": {"rope_type": "default", "rope_theta": 1e4,
+              "llama_4_scaling_beta": 0.1, "original_max_position_embeddings": 8}},
+     r"^config\['model_type'\]: expected a family posenc's decoder builds with its query temperature"),
 ])
 def test_refused_families_say_why(config, match):
     with pytest.raises(posenc.PosencError, match=match):

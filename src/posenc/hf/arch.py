@@ -3,7 +3,7 @@ multipliers, soft-caps, per-layer RoPE / window / chunk / query temperature), or
 
 Built: the Llama family as before (llama, mistral, qwen2 and types outside the tables below: `None`, plain
 Llama blocks), and qwen3, gemma2, gemma3_text, olmo2, olmo3, granite, smollm3, llama4_text (dense layers only),
-gpt_oss (attention sinks, its mixture of clamped-SwiGLU experts). Refused by name: families whose layers need
+gpt_oss (attention sinks, its mixture of clamped-SwiGLU experts), ministral3 (query temperature on every layer). Refused by name: families whose layers need
 more than these facts (other mixture-of-experts MLPs, fused or parallel blocks), in `REFUSED`.
 
     >>> cfg = {"model_type": "gemma2", "vocab_size": 10, "hidden_size": 64, "num_hidden_layers": 2,
@@ -28,7 +28,8 @@ from .temperature import layer_temperatures
 
 __all__ = ["decoder_arch", "FAMILIES", "REFUSED"]
 
-FAMILIES = ("qwen3", "gemma2", "gemma3_text", "olmo2", "olmo3", "granite", "smollm3", "llama4_text", "gpt_oss")
+FAMILIES = ("qwen3", "gemma2", "gemma3_text", "olmo2", "olmo3", "granite", "smollm3", "llama4_text", "gpt_oss",
+            "ministral3")
 _MOE = "a mixture-of-experts MLP (a router over expert MLPs), which the decoder does not build"
 REFUSED = {
     **dict.fromkeys(("mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "granitemoe", "granitemoeshared", "phimoe",
@@ -72,6 +73,9 @@ def decoder_arch(config: Any) -> tuple[Any, Rope | None]:
         fail("config['model_type']", f"a family posenc's decoder builds (Llama, Mistral, Qwen 2, {', '.join(FAMILIES)})",
              Raw(f"{model_type!r}, whose layers need {REFUSED[model_type]}"))
     if model_type not in FAMILIES:
+        if any(t is not None for t in layer_temperatures(cfg)):  # a query temperature the Llama blocks would drop
+            fail("config['model_type']", f"a family posenc's decoder builds with its query temperature "
+                 f"({', '.join(FAMILIES)})", Raw(f"{model_type!r}, whose attention scales q by position"))
         return None, None
     defaults = _DEFAULTS.get(model_type, {})
 
