@@ -33,13 +33,19 @@ FAMILIES = ("qwen3", "gemma2", "gemma3_text", "olmo2", "olmo3", "granite", "smol
 _MOE = "a mixture-of-experts MLP (a router over expert MLPs), which the decoder does not build"
 REFUSED = {
     **dict.fromkeys(("mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "granitemoe", "granitemoeshared", "phimoe",
-                     "deepseek_v2", "deepseek_v3", "dbrx", "jamba", "minimax", "llama4"), _MOE),
+                     "deepseek_v2", "deepseek_v3", "dbrx", "jamba", "minimax", "llama4", "glm4_moe"), _MOE),
+    "qwen3_next": f"linear-attention layers beside softmax ones and {_MOE}",
     "gemma": "Gemma 1 blocks ((1 + w) norms, GeGLU, scaled embeddings), not yet described as an Arch",
     "gemma3": "a vision-language model: pass its text_config (model_type gemma3_text)",
     "phi3": "a fused qkv_proj and gate_up_proj, which the decoder's parameter names do not map",
     "cohere": "parallel attention and MLP blocks on one LayerNorm",
     "cohere2": "parallel attention and MLP blocks on one LayerNorm",
     "olmo": "a LayerNorm without weights (not an RMS norm)",
+    "phi": "LayerNorm, parallel attention and MLP blocks, a dense (ungated) MLP",
+    "gpt_neox": "LayerNorm, a fused query_key_value projection, parallel residuals",
+    "falcon": "LayerNorm, a fused query_key_value projection, parallel attention and MLP",
+    "stablelm": "LayerNorm (with biases), which is not an RMS norm",
+    "starcoder2": "LayerNorm and a dense (ungated) MLP with biases",
 }
 # the config classes' defaults for the keys read here (transformers 5.x), for config.json dicts that omit them
 _DEFAULTS: dict[str, dict[str, Any]] = {
