@@ -371,7 +371,8 @@ def _check_flex_backward(q, k, v, scheme) -> None:
              "for forward only, pass tensors that do not require grad, e.g. under torch.no_grad())", "flex")
 
 
-def _flex(q, k, v, q_pos, k_pos, scheme, causal, key_mask, scale, window=None, chunk=None, softcap=None) -> torch.Tensor:
+def _flex(q, k, v, q_pos, k_pos, scheme, causal, key_mask, scale, window=None, chunk=None,
+          softcap=None) -> torch.Tensor:
     try:
         from torch.nn.attention.flex_attention import flex_attention
     except ImportError:  # pragma: no cover - torch < 2.5
@@ -408,7 +409,8 @@ def flex_score_mod(q_pos, k_pos, scheme, causal, key_mask=None, window=None, chu
         if window is not None:
             score = torch.where(q_pos[b, q_idx] - k_pos[b, kv_idx] < window, score, float("-inf"))
         if chunk is not None:
-            same = q_pos[b, q_idx].div(chunk, rounding_mode="floor") == k_pos[b, kv_idx].div(chunk, rounding_mode="floor")
+            q_chunk = q_pos[b, q_idx].div(chunk, rounding_mode="floor")
+            same = q_chunk == k_pos[b, kv_idx].div(chunk, rounding_mode="floor")
             score = torch.where(same, score, float("-inf"))
         return score
 

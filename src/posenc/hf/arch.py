@@ -3,8 +3,9 @@ multipliers, soft-caps, per-layer RoPE / window / chunk / query temperature), or
 
 Built: the Llama family as before (llama, mistral, qwen2 and types outside the tables below: `None`, plain
 Llama blocks), and qwen3, gemma2, gemma3_text, olmo2, olmo3, granite, smollm3, llama4_text (dense layers only),
-gpt_oss (attention sinks, its mixture of clamped-SwiGLU experts), ministral3 (query temperature on every layer). Refused by name: families whose layers need
-more than these facts (other mixture-of-experts MLPs, fused or parallel blocks), in `REFUSED`.
+gpt_oss (attention sinks, its mixture of clamped-SwiGLU experts), ministral3 (query temperature on every layer).
+Refused by name: families whose layers need more than these facts (other mixture-of-experts MLPs, fused or
+parallel blocks, LayerNorm), in `REFUSED`.
 
     >>> cfg = {"model_type": "gemma2", "vocab_size": 10, "hidden_size": 64, "num_hidden_layers": 2,
     ...        "num_attention_heads": 2, "head_dim": 32, "intermediate_size": 8, "sliding_window": 4}
@@ -76,7 +77,8 @@ def decoder_arch(config: Any) -> tuple[Any, Rope | None]:
     cfg = config_to_dict(config)
     model_type = cfg.get("model_type") or "llama"
     if model_type in REFUSED:
-        fail("config['model_type']", f"a family posenc's decoder builds (Llama, Mistral, Qwen 2, {', '.join(FAMILIES)})",
+        fail("config['model_type']",
+             f"a family posenc's decoder builds (Llama, Mistral, Qwen 2, {', '.join(FAMILIES)})",
              Raw(f"{model_type!r}, whose layers need {REFUSED[model_type]}"))
     if model_type not in FAMILIES:
         if any(t is not None for t in layer_temperatures(cfg)):  # a query temperature the Llama blocks would drop
@@ -103,7 +105,8 @@ def decoder_arch(config: Any) -> tuple[Any, Rope | None]:
         # Gemma keeps sqrt(hidden) in a float32 buffer, so a float64 model multiplies by its float32 rounding
         facts |= dict(norm="offset", layout="sandwich", activation="gelu_tanh", attn_scale=scalar**-0.5,
                       embed_scale=float(torch.tensor(hidden**0.5, dtype=torch.float32)),
-                      attn_softcap=_cap(cfg, "attn_logit_softcapping", get), logit_softcap=_cap(cfg, "final_logit_softcapping", get),
+                      attn_softcap=_cap(cfg, "attn_logit_softcapping", get),
+                      logit_softcap=_cap(cfg, "final_logit_softcapping", get),
                       qk_norm="head" if model_type == "gemma3_text" else None)
     elif model_type == "qwen3":
         facts["qk_norm"] = "head"

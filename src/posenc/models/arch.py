@@ -191,7 +191,8 @@ def check_arch(arch: Arch, num_layers: int, head_dim: int, encoding: Any, layer_
     """
     if len(arch.layers) != num_layers:
         fail("arch", f"{num_layers} layer specs (num_layers)", Raw(f"{len(arch.layers)}"))
-    if layer_windows is not None and (not isinstance(layer_windows, (tuple, list)) or tuple(layer_windows) != arch.windows):
+    listed = isinstance(layer_windows, (tuple, list))
+    if layer_windows is not None and (not listed or tuple(layer_windows) != arch.windows):
         fail("layer_windows", f"None or the arch's windows {arch.windows}", layer_windows)
     ropes = {s.rope for s in arch.layers if s.rope is not None}
     if arch.qk_norm == "l2" and encoding is not None:

@@ -69,9 +69,8 @@ class Decoder(nn.Module):
             Layers with their own RoPE need `encoding=None` (each layer rotates its q and k before the cache).
     Raises:
         PosencError: non-positive sizes, heads that do not divide, an encoding of the wrong kind or width,
-            an unknown attn_impl, "sdpa" with an arch that soft-caps scores, other than "eager" with sinks, an arch of another layer count
-            or whose windows differ from layer_windows, layer RoPEs beside an encoding, of another head_dim,
-            with a length-dependent scaling or a softmax scale factor.
+            an unknown attn_impl, "sdpa" with an arch that soft-caps scores, other than "eager" with sinks,
+            an arch that does not fit (`posenc.models.arch.check_arch`).
     """
 
     def __init__(self, *, vocab_size: int, hidden_size: int, num_layers: int, num_heads: int, intermediate_size: int,
