@@ -67,3 +67,24 @@ def test_random_arch_decode_and_padding_invariants(arch_rope, seed):
     padded = model(ids, attention_mask=mask)
     assert_close(padded[0], want[0])
     assert_close(padded[1, 3:], model(ids[1:, 3:])[0], msg="left-padded row")
+
+
+@pytest.mark.filterwarnings("ignore:.*flex_attention called without torch.compile.*")
+@torch.no_grad()
+def test_flex_equals_eager_with_chunks_caps_and_temperatures():
+    """The decoder hands chunk and softcap to flex's score_mod as to eager (one model, two impls)."""
+    temp = QueryTemperature(beta=0.5, floor_scale=2, offset=1)
+    arch = Arch(layers=(LayerSpec(rope=ROPES[0], chunk=3), LayerSpec(window=4, temperature=temp),
+                        LayerSpec(rope=ROPES[1], chunk=2, window=3)), norm="offset", layout="sandwich",
+                attn_softcap=1.5, logit_softcap=4.0)
+    torch.manual_seed(0)
+    model = Decoder(vocab_size=30, hidden_size=24, num_layers=LAYERS, num_heads=3, num_kv_heads=1, head_dim=8,
+                    intermediate_size=20, arch=arch, attn_impl="eager").double().eval()
+    for p in model.parameters():
+        p.add_(0.3 * torch.randn_like(p))
+    ids = torch.randint(0, 30, (2, SEQ), generator=torch.Generator().manual_seed(0))
+    mask = torch.ones(2, SEQ, dtype=torch.long)
+    mask[1, :2] = 0
+    want = model(ids, attention_mask=mask)
+    model.attn_impl = "flex"
+    assert_close(model(ids, attention_mask=mask), want)
