@@ -14,8 +14,11 @@ The encoding decides what happens to q, k and the scores:
   `embedding(positions) -> [..., d]`): the embedding of each position is added to q and to k.
 
 Masks are logical too: `causal=True` hides every key whose position is above the query's position (not
-its index), and `key_mask` hides padding or empty cache slots. A query row with no visible key returns
-zeros, never NaN.
+its index), `key_mask` hides padding or empty cache slots, `window` keeps the last `window` positions and
+`chunk` keeps the keys in the query's chunk of positions (Llama 4's chunked layers). A query row with no
+visible key returns zeros, never NaN. Two score changes some families make are values too: `temperature`
+(a `QueryTemperature`: q times a factor of its position, after the encoding) and `softcap` (Gemma 2:
+scaled scores `s -> softcap * tanh(s / softcap)` before the mask).
 
 Implementations (`impl`), chosen out loud; an explicit choice never falls back:
 - `"eager"`: plain torch, the oracle (float32 math for half inputs, float64 for float64).
@@ -43,9 +46,10 @@ from .errors import Raw, assert_values, batch_positions, check_float_tensor, cho
 from .rope import route
 from .rope.rerotate import row_tables
 from .rope.spec import Rope
+from .rope.temperature import QueryTemperature
 
 __all__ = ["attention", "IMPLS", "encoding_kind", "check_inputs", "encode_qk", "flex_score_mod",
-           "visibility", "sdpa_attention"]
+           "visibility", "sdpa_attention", "check_score_options", "apply_temperature"]
 
 IMPLS = ("eager", "sdpa", "flex")
 
@@ -64,7 +68,7 @@ def encoding_kind(encoding: Any) -> str:
 
 
 def _visible(q_pos: torch.Tensor, k_pos: torch.Tensor, causal: bool, key_mask: torch.Tensor | None,
-             window: int | None = None) -> torch.Tensor:
+             window: int | None = None, chunk: int | None = None) -> torch.Tensor:
     """`[b, 1, tq, tk]` bool: which keys each query may see (logical positions, not indices)."""
     b, tq, tk = q_pos.shape[0], q_pos.shape[1], k_pos.shape[1]
     visible = torch.ones(b, 1, tq, tk, dtype=torch.bool, device=q_pos.device)
@@ -72,6 +76,9 @@ def _visible(q_pos: torch.Tensor, k_pos: torch.Tensor, causal: bool, key_mask: t
         visible = visible & (k_pos[:, None, None, :] <= q_pos[:, None, :, None])  # [b, 1, tq, tk]
     if window is not None:  # the last `window` positions up to the query: q_pos - k_pos < window
         visible = visible & (q_pos[:, None, :, None] - k_pos[:, None, None, :] < window)
+    if chunk is not None:  # Llama 4: the same chunk of positions, floor(q_pos / chunk) == floor(k_pos / chunk)
+        visible = visible & (q_pos[:, None, :, None].div(chunk, rounding_mode="floor")
+                             == k_pos[:, None, None, :].div(chunk, rounding_mode="floor"))
     if key_mask is not None:
         visible = visible & key_mask[:, None, None, :]
     return visible
@@ -109,18 +116,19 @@ def check_inputs(q, k, v, q_positions, k_positions, key_mask=None, scale=None, w
 
 
 def visibility(q_positions: torch.Tensor, k_positions: torch.Tensor, key_mask: torch.Tensor | None = None,
-               window: int | None = None, *, causal: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
+               window: int | None = None, *, causal: bool = True,
+               chunk: int | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
     """The mask `sdpa_attention` takes, built once and shared by every layer of a forward.
 
     Args:
         q_positions: `[b, tq]` and k_positions `[b, tk]` int64 logical positions (checked by the caller).
-        key_mask: `[b, tk]` bool or None; window, causal: as in `attention`.
+        key_mask: `[b, tk]` bool or None; window, causal, chunk: as in `attention`.
     Returns:
         `(mask, seen)`: mask `[b, 1, tq, tk]` bool, True = attend, where a query row with no visible key
         sees every key (a finite softmax, zeroed after); seen `[b, 1, tq, 1]` bool (rows with a visible
         key). Always the general form: asking whether every row sees a key would be a host sync.
     """
-    visible = _visible(q_positions, k_positions, causal, key_mask, window)  # [b, 1, tq, tk]
+    visible = _visible(q_positions, k_positions, causal, key_mask, window, chunk)  # [b, 1, tq, tk]
     seen = visible.any(-1, keepdim=True)  # [b, 1, tq, 1]
     return visible | ~seen, seen
 
@@ -160,6 +168,10 @@ def attention(
     impl: str = "eager",
     window: int | None = None,
     table: Any = None,
+    chunk: int | None = None,
+    temperature: QueryTemperature | None = None,
+    softcap: float | None = None,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Softmax attention with an explicit positional encoding and explicit logical positions.
 
@@ -178,27 +190,43 @@ def attention(
             p - window + 1 .. p only (`q_pos - k_pos < window`, transformers' convention); None = no window.
         table: with a `Rope` encoding of a length-independent scaling, a `RopeTable` of it (`rope.table(n)`)
             to read the rows from (no table work per call).
+        chunk: chunked attention (Llama 4's RoPE layers): a query at p sees keys whose position lies in the
+            same chunk, `floor(p / chunk) == floor(k_pos / chunk)` (with `causal`, those at or before p); None = off.
+        temperature: a `posenc.rope.temperature.QueryTemperature`: q is multiplied by `temperature.scale(q_pos)`
+            (float32 factors, the product cast back to q's dtype) after the encoding; needs q positions >= 0.
+        softcap: Gemma 2's attention soft-capping: the scaled scores become `softcap * tanh(s / softcap)`
+            before any bias and the mask; "eager" and "flex" only (sdpa cannot change scores).
+        sinks: `[hq]` attention sinks (gpt-oss): one logit per query head joins each row's softmax and its
+            probability is dropped (the row's weights sum to less than 1); "eager" only.
     Returns:
         `[b, hq, tq, dv]` in q's dtype; rows with no visible key (and every row when tk = 0) are zeros.
     Raises:
         PosencError: bad ranks or shapes, heads that do not divide, non-integer positions (or, with a
             Rope, negative ones), positions on another device than q, an unknown encoding or impl, a Rope
-            or absolute embedding whose width is not d, `impl="flex"` on a torch without it.
+            or absolute embedding whose width is not d, `impl="flex"` on a torch without it, a chunk that is
+            not an integer >= 1, a temperature that is not a QueryTemperature (or negative q positions with
+            one), a softcap that is not a number > 0, a softcap with `impl="sdpa"`, sinks that are not a
+            float tensor of shape [hq] or with an impl other than "eager".
     """
     choice("impl", impl, IMPLS)
     q_pos, k_pos, scale = check_inputs(q, k, v, q_positions, k_positions, key_mask, scale, window)  # [b, t]
+    chunk, softcap = check_score_options(chunk, temperature, softcap, impl)
+    if sinks is not None:
+        _check_sinks(sinks, q, impl)
     b, hq, tq, hk, tk = q.shape[0], q.shape[1], q.shape[2], k.shape[1], k.shape[2]
     check_encoding(encoding, q)
     if b == 0 or tq == 0 or tk == 0:  # nothing to attend to (or nobody asking): no kernel, no table
         return q.new_zeros(b, hq, tq, v.shape[-1])
     q, k, bias_scheme = encode_qk(encoding, q, k, q_pos, k_pos, q_positions, k_positions, table=table)
+    if temperature is not None:
+        q = apply_temperature(temperature, q, q_pos)  # [b, hq, tq, d]
     # Rows with no visible key see everything (finite softmax) and are zeroed after: never NaN.
-    safe, seen = visibility(q_pos, k_pos, key_mask, window, causal=causal)  # [b, 1, tq, tk], [b, 1, tq, 1]
+    safe, seen = visibility(q_pos, k_pos, key_mask, window, causal=causal, chunk=chunk)  # [b, 1, tq, tk], [b, 1, tq, 1]
     bias = None if bias_scheme is None else _bias_4d(bias_scheme, q_positions, k_positions, hq)  # [b or 1, h, tq, tk]
 
     if impl == "flex":
         _check_flex_backward(q, k, v, bias_scheme)
-        out = _flex(q, k, v, q_pos, k_pos, bias_scheme, causal, key_mask, scale, window)
+        out = _flex(q, k, v, q_pos, k_pos, bias_scheme, causal, key_mask, scale, window, chunk, softcap)
     elif impl == "sdpa":
         return sdpa_attention(q, k, v, safe, seen, scale=scale, bias=bias)
     else:
@@ -207,12 +235,57 @@ def attention(
         k_rep = k.repeat_interleave(groups, dim=1) if groups > 1 else k  # [b, hq, tk, d]
         v_rep = v.repeat_interleave(groups, dim=1) if groups > 1 else v  # [b, hq, tk, dv]
         scores = (q.to(compute) @ k_rep.to(compute).transpose(-1, -2)) * scale  # [b, hq, tq, tk]
+        if softcap is not None:
+            scores = torch.tanh(scores / softcap) * softcap  # Gemma 2's order: divide, tanh, multiply
         if bias is not None:
             scores = scores + bias.to(compute)
-        probs = torch.softmax(scores.masked_fill(~safe, float("-inf")), dim=-1)  # [b, hq, tq, tk]
+        scores = scores.masked_fill(~safe, float("-inf"))  # [b, hq, tq, tk]
+        if sinks is None:
+            probs = torch.softmax(scores, dim=-1)  # [b, hq, tq, tk]
+        else:  # the sink's logit joins the softmax; its share is dropped
+            sink = sinks.to(compute).view(1, hq, 1, 1).expand(b, hq, tq, 1)  # [b, hq, tq, 1]
+            probs = torch.softmax(torch.cat((scores, sink), -1), dim=-1)[..., :-1]  # [b, hq, tq, tk]
         out = probs @ v_rep.to(compute)  # [b, hq, tq, dv]
     out = out if seen is None else out * seen  # [b, hq, tq, dv]; rows with nothing to see -> 0
     return out.to(q.dtype)
+
+
+def check_score_options(chunk: Any, temperature: Any, softcap: Any, impl: str) -> tuple[int | None, float | None]:
+    """Check `attention`'s chunk, temperature and softcap (and softcap against impl); return chunk and softcap.
+
+    Raises:
+        PosencError: a chunk that is not an integer >= 1, a temperature that is not a `QueryTemperature`,
+            a softcap that is not a finite number > 0, a softcap with impl "sdpa".
+    """
+    if chunk is not None:
+        chunk = integer("chunk", chunk, min=1, what="None or an integer >= 1 (positions per attention chunk)")
+    if temperature is not None and not isinstance(temperature, QueryTemperature):
+        fail("temperature", "None or a posenc.rope.temperature.QueryTemperature", temperature)
+    if softcap is not None:
+        softcap = real("softcap", softcap, gt=0.0, what="None or a finite number > 0")
+        if impl == "sdpa":
+            fail("impl", "'eager' or 'flex' with a softcap (scaled_dot_product_attention cannot cap scores)", impl)
+    return chunk, softcap
+
+
+def _check_sinks(sinks: Any, q: torch.Tensor, impl: str) -> None:
+    check_float_tensor("sinks", sinks, ndim=(1,))
+    if sinks.shape[0] != q.shape[1] or sinks.device != q.device:
+        fail("sinks", f"a tensor of shape [hq={q.shape[1]}] on {q.device}", sinks)
+    if impl != "eager":
+        fail("impl", "'eager' with sinks (posenc adds attention sinks in eager attention only)", impl)
+
+
+def apply_temperature(temperature: QueryTemperature, q: torch.Tensor, q_pos: torch.Tensor) -> torch.Tensor:
+    """`q [b, hq, t, d]` times `temperature.scale(q_pos [b, t])` (float32 factors; the product in q's dtype).
+
+    Raises:
+        PosencError: negative positions.
+    """
+    assert_values("q_positions", (q_pos >= 0).all(), "positions >= 0 (a query temperature grows with the position)",
+                  lambda: Raw(f"min {int(q_pos.min())}"))
+    factor = temperature.scale(q_pos).to(q.device)  # [b, t] float32, as Llama 4 and Ministral 3 compute it
+    return (q * factor[:, None, :, None]).to(q.dtype)  # [b, hq, t, d]
 
 
 def check_encoding(encoding: Any, q: torch.Tensor) -> str:
@@ -298,30 +371,34 @@ def _check_flex_backward(q, k, v, scheme) -> None:
              "for forward only, pass tensors that do not require grad, e.g. under torch.no_grad())", "flex")
 
 
-def _flex(q, k, v, q_pos, k_pos, scheme, causal, key_mask, scale, window=None) -> torch.Tensor:
+def _flex(q, k, v, q_pos, k_pos, scheme, causal, key_mask, scale, window=None, chunk=None,
+          softcap=None) -> torch.Tensor:
     try:
         from torch.nn.attention.flex_attention import flex_attention
     except ImportError:  # pragma: no cover - torch < 2.5
         fail("impl", "'eager' or 'sdpa' (this torch has no flex_attention)", "flex")
-    score_mod = flex_score_mod(q_pos, k_pos, scheme, causal, key_mask, window)
+    score_mod = flex_score_mod(q_pos, k_pos, scheme, causal, key_mask, window, chunk, softcap)
     groups = q.shape[1] // k.shape[1]
     return flex_attention(q, k, v, score_mod=score_mod, scale=scale, enable_gqa=groups > 1)  # [b, hq, tq, dv]
 
 
-def flex_score_mod(q_pos, k_pos, scheme, causal, key_mask=None, window=None):
+def flex_score_mod(q_pos, k_pos, scheme, causal, key_mask=None, window=None, chunk=None, softcap=None):
     """The FlexAttention `score_mod` of `attention`: bias from positions, then the logical masks.
 
     Args:
         q_pos: int64 `[b, tq]` positions of the queries, indexed by `q_idx`.
         k_pos: int64 `[b, tk]` positions of the keys, indexed by `kv_idx` (under context parallelism:
             the gathered keys' global positions, so the bias and masks follow the engine's layout).
-        scheme: a bias scheme (`bias`/`score_mod`) or None; causal, key_mask `[b, tk]`, window: as `attention`.
+        scheme: a bias scheme (`bias`/`score_mod`) or None; causal, key_mask `[b, tk]`, window, chunk, softcap:
+            as `attention` (checked by the caller).
     Returns:
         `score_mod(score, b, h, q_idx, kv_idx)`.
     """
     bias_mod = scheme.score_mod(q_pos, k_pos) if scheme is not None else None
 
     def score_mod(score, b, h, q_idx, kv_idx):
+        if softcap is not None:  # flex has already scaled the score
+            score = torch.tanh(score / softcap) * softcap
         if bias_mod is not None:
             score = bias_mod(score, b, h, q_idx, kv_idx)
         # python-float -inf, not a captured 0-d tensor: inductor's CPU flex template rejects 0-d buffers
@@ -331,6 +408,10 @@ def flex_score_mod(q_pos, k_pos, scheme, causal, key_mask=None, window=None):
             score = torch.where(key_mask[b, kv_idx], score, float("-inf"))
         if window is not None:
             score = torch.where(q_pos[b, q_idx] - k_pos[b, kv_idx] < window, score, float("-inf"))
+        if chunk is not None:
+            q_chunk = q_pos[b, q_idx].div(chunk, rounding_mode="floor")
+            same = q_chunk == k_pos[b, kv_idx].div(chunk, rounding_mode="floor")
+            score = torch.where(same, score, float("-inf"))
         return score
 
     return score_mod

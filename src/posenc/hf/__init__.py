@@ -11,8 +11,10 @@
 - `posenc.hf.temperature`: `layer_temperatures` (Llama 4's NoPE layers, Ministral 3's query temperature).
 - `posenc.hf.classes`: a dict's defaults and aliases from its transformers config class (types outside the table).
 - `posenc.hf.facts`: the position scheme, declared lengths, KV-cache size per token, decoder sizes.
+- `posenc.hf.arch`: `decoder_arch` (the decoder family a config describes, or a refusal saying why).
 """
 
+from .arch import decoder_arch
 from .conventions import MODEL_TYPES, NON_ROPE_MODEL_TYPES, config_to_dict, head_dim, text_config
 from .facts import (
     KVFacts,
@@ -54,4 +56,5 @@ __all__ = [
     "layer_windows",
     "layer_temperatures",
     "vision_rope",
+    "decoder_arch",
 ]

@@ -183,13 +183,15 @@ def decoder_sizes(config: Any) -> dict[str, Any]:
         PosencError: missing or invalid sizes, a non-SwiGLU activation, a bad sliding window, non-bool flags.
     """
     cfg = config_to_dict(config)
-    if cfg.get("hidden_act", "silu") != "silu":
+    gelu = cfg.get("model_type") in ("gemma2", "gemma3_text")  # GeGLU from hidden_activation (posenc.hf.arch)
+    if not gelu and cfg.get("hidden_act", "silu") != "silu":
         fail("config['hidden_act']", "'silu' (SwiGLU MLP)", cfg.get("hidden_act"))
     heads = config_int(cfg, "num_attention_heads")
     sizes: dict[str, Any] = dict(
         vocab_size=config_int(cfg, "vocab_size"), hidden_size=config_int(cfg, "hidden_size"),
         num_layers=config_int(cfg, "num_hidden_layers"), num_heads=heads,
-        intermediate_size=config_int(cfg, "intermediate_size"),
+        intermediate_size=config_int(cfg, "intermediate_size_mlp", default=16384) if cfg.get("model_type") == "llama4_text"
+        else config_int(cfg, "intermediate_size"),  # Llama 4's dense layers: intermediate_size_mlp
         num_kv_heads=config_int(cfg, "num_key_value_heads", default=heads),
         head_dim=head_dim(cfg))
     sizes["layer_windows"] = layer_windows(cfg, sizes["num_layers"])

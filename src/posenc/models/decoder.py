@@ -37,6 +37,8 @@ from ..cache import KVCache, check_new_positions
 from ..errors import Raw, assert_values, batch_positions, fail, integer, integer_tensor, rename
 from ..rope.rerotate import row_tables
 from ..rope.spec import Rope
+from .arch import Arch, check_arch
+from .blocks import Norm, build_layers
 from .layers import DecoderLayer, RMSNorm, Step
 
 __all__ = ["Decoder"]
@@ -62,17 +64,24 @@ class Decoder(nn.Module):
         layer_windows: per layer, a sliding window (a query at p sees keys at p - W + 1 .. p, as Mistral
             and Qwen2's sliding layers) or None (every earlier key); default None for every layer.
         qkv_bias: biases on the q/k/v projections (default: attention_bias; Qwen2 has them without an o bias).
+        arch: a `posenc.models.arch.Arch` (one `LayerSpec` per layer): the family's norms, q/k norm,
+            multipliers, soft-caps, windows, chunks, query temperatures and per-layer RoPE; None = Llama.
+            Layers with their own RoPE need `encoding=None` (each layer rotates its q and k before the cache).
     Raises:
         PosencError: non-positive sizes, heads that do not divide, an encoding of the wrong kind or width,
-            an unknown attn_impl.
+            an unknown attn_impl, "sdpa" with an arch that soft-caps scores, other than "eager" with sinks,
+            an arch that does not fit (`posenc.models.arch.check_arch`).
     """
 
     def __init__(self, *, vocab_size: int, hidden_size: int, num_layers: int, num_heads: int, intermediate_size: int,
                  num_kv_heads: int | None = None, head_dim: int | None = None, encoding: Any = None,
                  rms_norm_eps: float = 1e-6, tie_word_embeddings: bool = False, attention_bias: bool = False,
                  mlp_bias: bool = False, layer_windows: tuple[int | None, ...] | None = None,
-                 qkv_bias: bool | None = None, attn_impl: str = "sdpa") -> None:
+                 qkv_bias: bool | None = None, attn_impl: str = "sdpa", arch: Arch | None = None) -> None:
         super().__init__()
+        if arch is not None and not isinstance(arch, Arch):
+            fail("arch", "None or a posenc.models.arch.Arch", arch)
+        self.arch = arch
         self.attn_impl = attn_impl
         sizes = dict(vocab_size=vocab_size, hidden_size=hidden_size, num_layers=num_layers, num_heads=num_heads,
                      intermediate_size=intermediate_size, num_kv_heads=num_kv_heads or num_heads)
@@ -92,6 +101,9 @@ class Decoder(nn.Module):
             fail("encoding", f"a bias scheme for num_heads={num_heads}", encoding)
         if self.kind == "absolute" and encoding.embedding(torch.zeros(1, dtype=torch.long)).shape[-1] != hidden_size:
             fail("encoding", f"an absolute scheme whose embedding has width hidden_size={hidden_size}", encoding)
+        if arch is not None:
+            check_arch(arch, num_layers, head_dim, encoding, layer_windows)
+            layer_windows = arch.windows if layer_windows is None else layer_windows
         layer_windows = (None,) * num_layers if layer_windows is None else tuple(layer_windows)
         what = f"{num_layers} entries, each None or an integer >= 1"
         if len(layer_windows) != num_layers:
@@ -102,13 +114,21 @@ class Decoder(nn.Module):
         self.num_kv_heads, self.head_dim = num_kv_heads, head_dim
         self.encoding = encoding  # an nn.Module encoding (T5RelativeBias) registers as a submodule
         self.rope: Rope | None = encoding if self.kind == "rope" else None
-        self.scale = head_dim**-0.5 * (self.rope.softmax_scale_factor if self.rope is not None else 1.0)
+        base_scale = head_dim**-0.5 if arch is None or arch.attn_scale is None else arch.attn_scale
+        self.scale = base_scale * (self.rope.softmax_scale_factor if self.rope is not None else 1.0)
         self.embed_tokens = nn.Embedding(vocab_size, hidden_size)
-        self.layers = nn.ModuleList(
-            DecoderLayer(hidden_size, num_heads, num_kv_heads, head_dim, intermediate_size, rms_norm_eps,
-                         attention_bias, mlp_bias, attention_bias if qkv_bias is None else qkv_bias)
-            for _ in range(num_layers))
-        self.norm = RMSNorm(hidden_size, rms_norm_eps)
+        qkv_bias = attention_bias if qkv_bias is None else qkv_bias
+        if arch is None:
+            self.layers = nn.ModuleList(
+                DecoderLayer(hidden_size, num_heads, num_kv_heads, head_dim, intermediate_size, rms_norm_eps,
+                             attention_bias, mlp_bias, qkv_bias)
+                for _ in range(num_layers))
+            self.norm = RMSNorm(hidden_size, rms_norm_eps)
+        else:
+            self.layers = build_layers(dict(hidden_size=hidden_size, num_heads=num_heads, num_kv_heads=num_kv_heads,
+                                            head_dim=head_dim, intermediate_size=intermediate_size, eps=rms_norm_eps,
+                                            attention_bias=attention_bias, mlp_bias=mlp_bias, qkv_bias=qkv_bias), arch)
+            self.norm = Norm(hidden_size, rms_norm_eps, arch.norm)
         self.lm_head = nn.Linear(hidden_size, vocab_size, bias=False)
         if tie_word_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
@@ -122,6 +142,12 @@ class Decoder(nn.Module):
     def attn_impl(self, impl: str) -> None:
         if impl not in IMPLS:
             fail("attn_impl", f"one of {IMPLS}", impl)
+        if impl != "eager" and self.arch is not None and self.arch.sinks:
+            fail("attn_impl", f"'eager' (this {self.arch.family} model adds attention sinks to its softmax, which "
+                 "posenc computes in eager attention only)", impl)
+        if impl == "sdpa" and self.arch is not None and self.arch.attn_softcap is not None:
+            fail("attn_impl", f"'eager' or 'flex' (this {self.arch.family} model soft-caps its attention scores, "
+                 "which scaled_dot_product_attention cannot do)", impl)
         self._attn_impl = impl
 
     @classmethod
@@ -133,7 +159,9 @@ class Decoder(nn.Module):
         60 GiB after `.double()`). For a small test model, shrink the sizes in the config first.
 
         Args:
-            config: vocab_size, hidden_size, num_hidden_layers, num_attention_heads, num_key_value_heads,
+            config: a Llama-family config, or one of the families `posenc.hf.arch` describes (qwen3, gemma2,
+                gemma3_text, olmo2, olmo3, granite, smollm3, llama4_text with dense layers):
+                vocab_size, hidden_size, num_hidden_layers, num_attention_heads, num_key_value_heads,
                 intermediate_size, optional head_dim, rms_norm_eps, tie_word_embeddings, attention_bias,
                 mlp_bias (q/k/v and o biases as the model_type's attention has them: Qwen2's q/k/v), and any RoPE settings `Rope.from_hf_config` accepts (model_type defaults to "llama").
             encoding: override the positional scheme (default: `Rope.from_hf_config(config)`).
@@ -142,20 +170,25 @@ class Decoder(nn.Module):
         Returns:
             The decoder (float32; call `.double()` for float64).
         Raises:
-            PosencError: missing or invalid sizes, unsupported activations, bad sliding windows or RoPE settings.
+            PosencError: missing or invalid sizes, unsupported activations, bad sliding windows or RoPE settings,
+                a family the decoder does not build (`posenc.hf.arch.REFUSED`: MoE, attention sinks, ...),
+                attn_impl "sdpa" for a family that soft-caps its attention scores (Gemma 2: pass "eager").
         """
-        from ..hf import config_to_dict, decoder_sizes
+        from ..hf import config_to_dict, decoder_arch, decoder_sizes
 
         cfg = config_to_dict(config)
         cfg.setdefault("model_type", "llama")
         sizes = decoder_sizes(cfg)
+        arch, shared = decoder_arch(cfg)
+        if arch is not None:
+            sizes.pop("layer_windows")  # the arch's
         if encoding is None:
-            encoding = Rope.from_hf_config(cfg)
+            encoding = Rope.from_hf_config(cfg) if arch is None else shared
         seed = None if seed is None else integer("seed", seed, what="None or an integer")
         with torch.random.fork_rng(devices=[]), rename(_CONFIG_KEYS):  # the constructor's checks, as config keys
             if seed is not None:
                 torch.manual_seed(seed)
-            model = cls(**sizes, encoding=encoding, attn_impl=attn_impl)
+            model = cls(**sizes, encoding=encoding, attn_impl=attn_impl, arch=arch)
         model.config = cfg
         return model
 
@@ -223,6 +256,9 @@ class Decoder(nn.Module):
             store: "rotated" or "unrotated" keys. policy: "recompute", "rerotate", "freeze" or "refuse".
             block_size: None (contiguous rows) or slots per block of paged storage (forks share blocks).
         """
+        if store != "rotated" and self.arch is not None and self.arch.own_ropes:
+            fail("store", f"'rotated' (the layers of this {self.arch.family} model rotate their own keys before the "
+                 "cache: there are no unrotated keys to store)", store)
         weight = self.embed_tokens.weight
         return KVCache(len(self.layers), batch_size, self.num_kv_heads, self.head_dim, capacity, rope=self.rope,
                        store=store, policy=policy, dtype=weight.dtype, device=weight.device,
@@ -281,6 +317,8 @@ class Decoder(nn.Module):
         """Embed, run the layers, project. `cache=None`: a full forward whose keys are its own tokens
         (padding hidden), with RoPE tables at `seq_lens [b]`; otherwise append to `cache` and read it."""
         h = self.embed_tokens(ids)  # [b, t, hidden]
+        if self.arch is not None and self.arch.embed_scale != 1.0:
+            h = h * self.arch.embed_scale  # Gemma's sqrt(hidden), Granite's embedding_multiplier
         if self.kind == "absolute":
             h = h + self.encoding.embedding(positions).to(h.dtype)  # [b, t, hidden]
         cos = sin = key_tables = slots = index = width = None
@@ -300,34 +338,38 @@ class Decoder(nn.Module):
                     key_tables = cache.tables(key_positions)  # [b, w, r/2], shared by every layer
         step = Step(attend=self._attend(positions, key_positions, key_mask), windows=self.layer_windows,
                     pairing=self.rope.pairing if self.rope is not None else None, cos=cos, sin=sin,
-                    key_tables=key_tables, slots=slots, index=index, width=width)
+                    key_tables=key_tables, slots=slots, index=index, width=width, positions=positions,
+                    layer_tables=self.arch.layer_tables(positions) if self.arch and self.arch.own_ropes else None)
         for i, layer in enumerate(self.layers):
             h = layer(h, i, step, cache)  # [b, t, hidden]
-        return self.lm_head(self.norm(h))  # [b, t, vocab]
+        logits = self.lm_head(self.norm(h))  # [b, t, vocab]
+        return logits if self.arch is None else self.arch.final_logits(logits)
 
     def _attend(self, positions: torch.Tensor, key_positions: torch.Tensor, key_mask: torch.Tensor) -> Any:
-        """This forward's attention, `attend(q, k, v, window)`: masks from logical positions, built once.
+        """This forward's attention, `attend(q, k, v, window, chunk=None)`: masks from logical positions, built once.
 
-        "sdpa" without a bias scheme builds one boolean mask per distinct window and shares it across
+        "sdpa" without a bias scheme builds one boolean mask per distinct (window, chunk) and shares it across
         layers; "eager", "flex" and bias schemes go through `posenc.attention.attention` per layer.
         """
         impl, scale = self.attn_impl, self.scale
+        softcap = self.arch.attn_softcap if self.arch is not None else None
         scheme = self.encoding if self.kind == "bias" else None
         if impl != "sdpa" or scheme is not None:
-            def attend(q, k, v, window):
+            def attend(q, k, v, window, chunk=None, sinks=None):
                 with rename({"impl": "attn_impl"}):  # the decoder's name for the choice
                     return attention(q, k, v, q_positions=positions, k_positions=key_positions, encoding=scheme,
-                                     key_mask=key_mask, scale=scale, impl=impl, window=window)
+                                     key_mask=key_mask, scale=scale, impl=impl, window=window, chunk=chunk,
+                                     softcap=softcap, sinks=sinks)
             return attend
-        masks: dict[int | None, tuple[torch.Tensor | None, torch.Tensor | None]] = {}
+        masks: dict[tuple[int | None, int | None], tuple[torch.Tensor | None, torch.Tensor | None]] = {}
         if positions.shape[1] == key_positions.shape[1] and torch.equal(positions, key_positions) \
                 and bool(key_mask.all()):  # a fresh prefill without padding: causal by index, no mask
-            masks[None] = (None, None)
+            masks[None, None] = (None, None)
 
-        def attend(q, k, v, window):
-            if window not in masks:
-                masks[window] = visibility(positions, key_positions, key_mask, window)  # [b, 1, t, w]
-            return sdpa_attention(q, k, v, *masks[window], scale=scale)  # [b, hq, t, d]
+        def attend(q, k, v, window, chunk=None, sinks=None):  # sinks: refused with sdpa by the attn_impl setter
+            if (window, chunk) not in masks:
+                masks[window, chunk] = visibility(positions, key_positions, key_mask, window, chunk=chunk)  # [b, 1, t, w]
+            return sdpa_attention(q, k, v, *masks[window, chunk], scale=scale)  # [b, hq, t, d]
         return attend
 
     def _prepend_cached(self, cache: KVCache, redo: torch.Tensor, ids: torch.Tensor, positions: torch.Tensor,
@@ -376,3 +418,4 @@ class Decoder(nn.Module):
                 fail("attention_mask", f"past columns counting each row's cached tokens {held.tolist()} "
                      f"(or pass only the last {t} columns)", past.tolist())
         return input_ids.long(), mask[:, -t:]
+

@@ -28,7 +28,7 @@ class Step:
     """What every layer of one forward shares (built once per forward by the decoder).
 
     Attributes:
-        attend: `attend(q, k, v, window) -> [b, hq, t, dv]`, this forward's attention with its masks
+        attend: `attend(q, k, v, window, chunk=None, sinks=None) -> [b, hq, t, dv]`, this forward's attention with its masks
             (built once from logical positions; see `Decoder._attend`).
         windows: per layer, a sliding window or None.
         pairing: the RoPE pairing, or None without RoPE.
@@ -38,6 +38,9 @@ class Step:
             in a full forward without a cache (as are index and width).
         index: `KVCache.write_index(slots)` (flat rows and slots), shared by every layer's write.
         width: cache slots a read covers (`KVCache.read_width`, a host-side bound: no host sync).
+        positions: `[b, t]` logical positions of the new tokens (a query temperature reads them).
+        layer_tables: per layer, `(cos, sin)` `[b, t, r/2]` of a RoPE the layer applies itself, or None
+            (see `posenc.models.arch`); None when no layer has its own.
     """
 
     attend: Any
@@ -49,6 +52,8 @@ class Step:
     slots: torch.Tensor | None = None
     index: Any = None
     width: int | None = None
+    positions: torch.Tensor | None = None
+    layer_tables: tuple[tuple[torch.Tensor, torch.Tensor] | None, ...] | None = None
 
 
 class RMSNorm(nn.Module):
