@@ -308,7 +308,7 @@ def test_dsa_branch_tables_are_listed(model_type, indexer_pairing):
 
 GEMMA3N = {"model_type": "gemma3n_text", "hidden_size": 32, "num_attention_heads": 2, "num_key_value_heads": 1,
            "head_dim": 16, "num_hidden_layers": 8, "num_kv_shared_layers": 3,
-           "layer_types": ["sliding_attention"] * 3 + ["full_attention"] + ["sliding_attention"] * 3 + ["full_attention"]}
+           "layer_types": (["sliding_attention"] * 3 + ["full_attention"]) * 2}
 
 
 def test_kv_sharing_is_listed_and_bad_counts_refused():

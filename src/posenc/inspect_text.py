@@ -155,7 +155,8 @@ def inspect_blocks(report: dict[str, Any], bands: int = 8) -> list[tuple]:
     if report.get("kv_sharing"):
         pairs = ", ".join(f"{layer} <- {source}" for layer, source in report["kv_sharing"])
         blocks.append(("lines", [f"KV sharing: {len(report['kv_sharing'])} layers reuse an earlier layer's rotated "
-                                 "keys and rotate only their queries (posenc.hf.kv_sources)", f"  layer <- source: {pairs}"]))
+                                 "keys and rotate only their queries (posenc.hf.kv_sources)",
+                                 f"  layer <- source: {pairs}"]))
     if report["scheme_facts"]:
         facts = report["scheme_facts"]
         blocks.append(("lines", [facts["summary"]] + [f"  {k} {v}" for k, v in facts.items() if k != "summary"]))

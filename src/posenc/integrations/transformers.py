@@ -14,8 +14,8 @@
 `forward` (transformers' code, run with posenc's rotation in place of its module's `apply_rotary_pos_emb`),
 the rotary module's `forward` returns the positions instead of (cos, sin) tables, and the few generation
 hooks that fight a cache policy are replaced on the instance (Phi-3's cache drop at the LongRoPE switch,
-the Qwen2-VL and Qwen3-VL families' `get_rope_index`). The RoPE of every layer comes from `posenc.hf.layer_ropes(model.config)`;
-see `hf_policy` for what each cache policy does with a length-dependent rule.
+the Qwen2-VL and Qwen3-VL families' `get_rope_index`). The RoPE of every layer comes from
+`posenc.hf.layer_ropes(model.config)`; see `hf_policy` for what each cache policy does with a length-dependent rule.
 
 Everything `patch` needs is checked before it changes anything: a model it cannot patch raises
 `PosencError` naming the model type and what is missing, and is left as it was.
