@@ -259,3 +259,62 @@ def test_non_rope_schemes_summarised():
     assert gpt2["scheme"] == "learned_absolute" and gpt2["scheme_facts"]["table_rows"] == 1024
     falcon_alibi = {**ins.load_config("falcon-7b")[0], "alibi": True}
     assert ins.inspect_model(falcon_alibi)["scheme"] == "alibi"
+
+
+# ------------------------------------------------------------------ direction, branch tables, kv sharing
+NANOCHAT = {"model_type": "nanochat", "hidden_size": 96, "num_attention_heads": 4, "num_key_value_heads": 2,
+            "num_hidden_layers": 2, "vocab_size": 32, "max_position_embeddings": 4096,
+            "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0}}
+
+
+def _text(r, bands=2):
+    """The plain-text report with its wrapped lines joined again."""
+    from posenc.inspect_text import render_inspect
+
+    return render_inspect(r, bands=bands).replace("\n    ", " ")
+
+
+def test_direction_minus_one_is_shown_and_leaves_wavelengths_alone():
+    r = ins.inspect_model(NANOCHAT)
+    rope = r["rope"][0]
+    assert rope["direction"] == -1 and rope["head_dim"] == 24
+    expected = 2 * math.pi * 10000.0 ** (2 * torch.arange(12, dtype=torch.float64) / 24)  # |angle| per token
+    assert_close(torch.tensor(rope["wavelength"]), expected, dtype=torch.float32)
+    assert_close(torch.tensor(rope["scaled_wavelength"]), expected, dtype=torch.float32)
+    assert "direction -1 (turns by -theta" in _text(r, bands=4)
+    llama = report("llama-2-7b")
+    assert llama["rope"][0]["direction"] == 1 and "direction" not in _text(llama)
+    assert llama["branches"] == [] and llama["kv_sharing"] == []
+
+
+DSA = {"hidden_size": 64, "num_attention_heads": 2, "num_key_value_heads": 2, "num_hidden_layers": 2,
+       "vocab_size": 32, "q_lora_rank": 16, "kv_lora_rank": 16, "qk_rope_head_dim": 16, "qk_nope_head_dim": 16,
+       "v_head_dim": 16, "index_head_dim": 40, "index_n_heads": 3, "index_topk": 4,
+       "max_position_embeddings": 4096, "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0}}
+
+
+@pytest.mark.parametrize("model_type, indexer_pairing", [("deepseek_v32", "split_half"),
+                                                          ("glm_moe_dsa", "interleaved_to_split_half")])
+def test_dsa_branch_tables_are_listed(model_type, indexer_pairing):
+    r = ins.inspect_model({"model_type": model_type, **DSA})
+    # the MLA slice (qk_rope_head_dim 16) and the indexer heads (index_head_dim 40, leading 16 channels rotate)
+    assert [(b["branch"], b["head_dim"], b["rotary_dim"], b["pairing"], b["base"]) for b in r["branches"]] == [
+        ("attention", 16, 16, "interleaved_to_split_half", 10000.0), ("indexer", 40, 16, indexer_pairing, 10000.0)]
+    text = _text(r)
+    assert "Branches (tables inside one layer" in text
+    assert f"indexer: head_dim 40, rotary_dim 16, pairing {indexer_pairing}" in text
+    assert json.loads(json.dumps(r)) == r
+
+
+GEMMA3N = {"model_type": "gemma3n_text", "hidden_size": 32, "num_attention_heads": 2, "num_key_value_heads": 1,
+           "head_dim": 16, "num_hidden_layers": 8, "num_kv_shared_layers": 3,
+           "layer_types": (["sliding_attention"] * 3 + ["full_attention"]) * 2}
+
+
+def test_kv_sharing_is_listed_and_bad_counts_refused():
+    r = ins.inspect_model(GEMMA3N)
+    # the last 3 layers read the keys of the last earlier layer of their own type: 5, 6 (sliding) <- 4; 7 <- 3
+    assert r["kv_sharing"] == [[5, 4], [6, 4], [7, 3]] and r["branches"] == []
+    assert "layer <- source: 5 <- 4, 6 <- 4, 7 <- 3" in _text(r)
+    with pytest.raises(PosencError, match="num_kv_shared_layers"):
+        ins.inspect_model({**GEMMA3N, "num_kv_shared_layers": 8})

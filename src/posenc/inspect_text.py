@@ -60,7 +60,8 @@ def _rope_blocks(rope: dict[str, Any], bands: int) -> list[tuple]:
     lines = [
         f"RoPE ({rope['layers']})",
         f"  head_dim {rope['head_dim']}, rotary_dim {rope['rotary_dim']} ({pairs} rotation pairs), pairing {rope['pairing']}"
-        + (f", M-RoPE sections {rope['mrope_section']}" if rope["mrope_section"] else ""),
+        + (f", M-RoPE sections {rope['mrope_section']}" if rope["mrope_section"] else "")
+        + (", direction -1 (turns by -theta: scores see n - m)" if rope.get("direction", 1) == -1 else ""),
         f"  base (rope_theta) {rope['base']:g}",
         f"  scaling {rope['scaling']}" + (f": {params}" if params else " (none)"),
         f"  attention factor {rope['attention_factor']:.6g} (multiplies cos and sin, so the rotary logits by its square)"
@@ -146,6 +147,16 @@ def inspect_blocks(report: dict[str, Any], bands: int = 8) -> list[tuple]:
     blocks: list[tuple] = [("lines", head)]
     for rope in report["rope"]:
         blocks += _rope_blocks(rope, bands)
+    if report.get("branches"):
+        blocks.append(("lines", ["Branches (tables inside one layer, posenc.hf.branch_ropes)"] + [
+            f"  {b['branch']}: head_dim {b['head_dim']}, rotary_dim {b['rotary_dim']}, pairing {b['pairing']}, "
+            f"base {b['base']:g}, scaling {b['scaling']}" + (", direction -1" if b["direction"] == -1 else "")
+            for b in report["branches"]]))
+    if report.get("kv_sharing"):
+        pairs = ", ".join(f"{layer} <- {source}" for layer, source in report["kv_sharing"])
+        blocks.append(("lines", [f"KV sharing: {len(report['kv_sharing'])} layers reuse an earlier layer's rotated "
+                                 "keys and rotate only their queries (posenc.hf.kv_sources)",
+                                 f"  layer <- source: {pairs}"]))
     if report["scheme_facts"]:
         facts = report["scheme_facts"]
         blocks.append(("lines", [facts["summary"]] + [f"  {k} {v}" for k, v in facts.items() if k != "summary"]))

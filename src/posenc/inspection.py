@@ -27,6 +27,7 @@ from typing import Any
 from .errors import PosencError, Raw, choice, fail, integer, prefix, real
 from . import hf
 from .hf import KVFacts, config_to_dict, kv_cache_facts, max_positions
+from .hf.conventions import convention
 from .rope import scaling as sc
 from .rope.spec import Rope
 
@@ -205,6 +206,7 @@ def rope_facts(rope: Rope, original: int, target: int) -> dict[str, Any]:
         "attention_factor": rope.attention_factor,
         "attention_factor_at_l1": factor,
         "softmax_scale_factor": rope.softmax_scale_factor,
+        "direction": rope.direction,  # -1: turns by -theta (nanochat); wavelengths and turns are the same
         "mrope_section": list(rope.mrope_section) if rope.mrope_section else None,
         "l0": original,
         "l1": target,
@@ -237,6 +239,33 @@ def _ropes(cfg: dict[str, Any]) -> list[tuple[str, Rope]]:
     return entries
 
 
+def _branch_facts(cfg: dict[str, Any]) -> list[dict[str, Any]]:
+    """`[{branch, head_dim, rotary_dim, pairing, base, scaling, direction}]` for a model whose layers rotate with
+    more than one table or pairing (DeepSeek-V4's main / compress, DSA indexers; `posenc.hf.branch_ropes`); []
+    for every other model, and for a DSA model without one table for every layer (dots3's per-layer-type
+    tables, Mistral Large 4's NoPE layers: `branch_ropes` takes that one table; the RoPE blocks show them)."""
+    conv = convention(hf.text_config(cfg))
+    if not conv.rope_keys and conv.indexer is None:
+        return []
+    if not conv.rope_keys:
+        try:
+            hf.rope_from_hf_config(cfg)
+        except PosencError:  # a table per layer type or NoPE layers (real config errors surfaced in _ropes)
+            return []
+    return [{"branch": name, "head_dim": r.head_dim, "rotary_dim": r.rotary_dim, "pairing": r.pairing, "base": r.base,
+             "scaling": r.scaling.name, "direction": r.direction}  # type: ignore[attr-defined]
+            for name, r in hf.branch_ropes(cfg).items()]
+
+
+def _kv_sharing(cfg: dict[str, Any]) -> list[list[int]]:
+    """`[[layer, source layer]]` for the layers that reuse an earlier layer's rotated keys and rotate only q
+    (Gemma 3n / Gemma 4 `num_kv_shared_layers`, Mistral Large 4 `kv_source_layers`; `posenc.hf.kv_sources`)."""
+    text = hf.text_config(cfg)
+    if not text.get("num_kv_shared_layers") and text.get("kv_source_layers") is None:
+        return []
+    return [[i, source] for i, source in enumerate(hf.kv_sources(cfg)) if source is not None]
+
+
 def inspect_model(
     config: Any,
     *,
@@ -256,7 +285,9 @@ def inspect_model(
         source: where the config came from (shown as is).
         memory_gib: a KV-cache budget in GiB; adds the longest request that fits per dtype at `batch`.
     Returns:
-        `{"model", "source", "model_type", "scheme", "l0", "l1", "rope": [...], "scheme_facts", "kv_cache"}`;
+        `{"model", "source", "model_type", "scheme", "l0", "l1", "rope": [...], "branches": [...],
+        "kv_sharing": [[layer, source], ...], "scheme_facts", "kv_cache"}` (branches and kv_sharing are empty
+        for a model without them);
         lengths past the model's declared maximum (L1) are flagged (`beyond_max`, `max_tokens_beyond_max`).
     Raises:
         PosencError: an unsupported or inconsistent config, bad lengths, batch or dtype.
@@ -270,12 +301,14 @@ def inspect_model(
     text = hf.text_config(cfg)
     scheme = hf.position_scheme(text)
     report: dict[str, Any] = {"model": cfg.get("_name_or_path") or source, "source": source,
-                              "model_type": cfg.get("model_type"), "scheme": scheme, "rope": [], "scheme_facts": {}}
+                              "model_type": cfg.get("model_type"), "scheme": scheme, "rope": [], "branches": [],
+                              "kv_sharing": [], "scheme_facts": {}}
     l0 = l1 = max_positions(cfg)
     if scheme == "rope":
         for layers, rope in _ropes(cfg):
             l0, l1 = target_lengths(rope, cfg)
             report["rope"].append({"layers": layers, **rope_facts(rope, l0, l1)})
+        report["branches"], report["kv_sharing"] = _branch_facts(cfg), _kv_sharing(cfg)
     else:
         report["scheme_facts"] = _other_scheme_facts(scheme, text)
     report["l0"], report["l1"] = l0, l1

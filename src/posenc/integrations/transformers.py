@@ -14,8 +14,8 @@
 `forward` (transformers' code, run with posenc's rotation in place of its module's `apply_rotary_pos_emb`),
 the rotary module's `forward` returns the positions instead of (cos, sin) tables, and the few generation
 hooks that fight a cache policy are replaced on the instance (Phi-3's cache drop at the LongRoPE switch,
-Qwen2-VL's `get_rope_index`). The RoPE of every layer comes from `posenc.hf.layer_ropes(model.config)`;
-see `hf_policy` for what each cache policy does with a length-dependent rule.
+the Qwen2-VL and Qwen3-VL families' `get_rope_index`). The RoPE of every layer comes from
+`posenc.hf.layer_ropes(model.config)`; see `hf_policy` for what each cache policy does with a length-dependent rule.
 
 Everything `patch` needs is checked before it changes anything: a model it cannot patch raises
 `PosencError` naming the model type and what is missing, and is left as it was.
@@ -48,7 +48,8 @@ SUPPORTED_MODEL_TYPES = (
     "llama", "olmo", "olmo2", "olmo3", "starcoder2", "granite", "mistral", "ministral", "mixtral", "qwen2",
     "qwen2_moe", "qwen3", "qwen3_moe", "gemma", "gemma2", "gemma3", "gemma3_text", "smollm3", "exaone4",
     "cohere", "cohere2", "glm", "glm4", "phi", "phi3", "stablelm", "persimmon", "gpt_neox", "gpt_oss",
-    "qwen2_vl", "qwen2_vl_text", "qwen2_5_vl", "qwen2_5_vl_text",
+    "qwen2_vl", "qwen2_vl_text", "qwen2_5_vl", "qwen2_5_vl_text", "qwen3_vl", "qwen3_vl_text", "qwen3_vl_moe",
+    "qwen3_vl_moe_text", "qwen3_5", "qwen3_5_text", "qwen3_5_moe", "qwen3_5_moe_text",
 )
 FLOAT32_ROTATION = ("cohere", "cohere2")  # their apply_rotary_pos_emb casts q and k to float32 for any dtype
 
@@ -71,15 +72,16 @@ def patch(model: Any, *, policy: str = "recompute", impl: str | None = None, pre
     """Put posenc's rotation and cache policy into one transformers model instance; returns the model.
 
     Args:
-        model: a transformers model (`*ForCausalLM`, `*Model`, Qwen2-VL's `*ForConditionalGeneration`) of a
-            type in `SUPPORTED_MODEL_TYPES`.
+        model: a transformers model (`*ForCausalLM`, `*Model`, the VL families' `*ForConditionalGeneration`)
+            of a type in `SUPPORTED_MODEL_TYPES`.
         policy: what a cache does when a length-dependent rule (dynamic NTK, LongRoPE) changes the table:
             "recompute" (every cached step equals a fresh full forward), "rerotate", "freeze" or "refuse".
         impl: posenc's rotation implementation (None: the fastest available, bit-identical to transformers'
             rotation in float32 and float64; see `Rope.apply`).
         precision: "float32" (default, as transformers) or "exact" (float64 phases for long positions).
-        mrope_positions: Qwen2-VL family: "posenc" (positions of `posenc.mrope_position_ids`, the official
-            rule) or "transformers" (keep the model's own `get_rope_index`).
+        mrope_positions: Qwen2-VL / Qwen3-VL families: "posenc" (positions of `posenc.mrope_position_ids`,
+            the official rule; `timestamps=True` for Qwen3-VL, Qwen3.5 and their MoE) or "transformers"
+            (keep the model's own `get_rope_index`).
     Returns:
         `model`, patched. A second `patch` with the same options does nothing; with other options it raises.
     Raises:
@@ -157,7 +159,9 @@ def _survey(model: Any, options: Options) -> list[tuple[Any, str, Any]]:
              "(posenc.rerotate takes [b, t] positions)", "rerotate")
     changes: list[tuple[Any, str, Any]] = []
     for index, layer in enumerate(decoder.layers):
-        attn = _attention_of(layer, what, index)
+        attn = _attention_of(layer, what, index, ropes[index] is None)
+        if attn is None:  # a layer without positions and without a rotating module (Qwen3.5's linear attention)
+            continue
         if getattr(attn, "layer_idx", index) != index:
             fail("model", f"attention layer_idx {index} in decoder layer {index}", Raw(f"{what}: {attn.layer_idx}"))
         if "forward" in attn.__dict__:
@@ -179,9 +183,12 @@ def _survey(model: Any, options: Options) -> list[tuple[Any, str, Any]]:
     return changes
 
 
-def _attention_of(layer: Any, what: str, index: int) -> Any:
-    """The one submodule of a decoder layer whose forward calls `apply_rotary_pos_emb`."""
+def _attention_of(layer: Any, what: str, index: int, positionless: bool) -> Any:
+    """The one submodule of a decoder layer whose forward calls `apply_rotary_pos_emb` (None: none there in a
+    layer `posenc.hf.layer_ropes` gives no RoPE, such as a linear-attention layer)."""
     found = [m for m in layer.modules() if ROTATION in innermost(type(m).forward).__code__.co_names]
+    if not found and positionless:
+        return None
     if len(found) != 1:
         fail("model", f"one attention module calling {ROTATION} in each decoder layer",
              Raw(f"{what}, layer {index}: {len(found)}"))
