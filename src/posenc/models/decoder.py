@@ -34,6 +34,7 @@ from torch import nn
 
 from ..attention import IMPLS, attention, encoding_kind, sdpa_attention, visibility
 from ..cache import KVCache, check_new_positions
+from ..cache.checks import refuse_unless
 from ..errors import Raw, assert_values, batch_positions, fail, integer, integer_tensor, rename
 from ..rope.rerotate import row_tables
 from ..rope.spec import Rope
@@ -414,8 +415,12 @@ class Decoder(nn.Module):
         if mask.shape[1] > t:
             past = mask[:, :-t].sum(dim=1)  # [b]
             held = cache.lengths if isinstance(cache, KVCache) else torch.zeros_like(past)
-            if not torch.equal(past.cpu(), held.cpu()):
-                fail("attention_mask", f"past columns counting each row's cached tokens {held.tolist()} "
-                     f"(or pass only the last {t} columns)", past.tolist())
+            if held.shape != past.shape:  # named before comparing: rows that differ would broadcast
+                fail("cache", f"a KVCache from this model's new_cache with batch_size={b}", cache)
+            held = held.to(past.device)
+            refuse_unless((past == held).all(), "attention_mask",  # on the device: no host sync, traceable
+                          f"past columns counting each row's cached tokens (or pass only the last {t} columns)",
+                          lambda: (f"past columns counting each row's cached tokens {held.tolist()} "
+                                   f"(or pass only the last {t} columns)", past.tolist()))
         return input_ids.long(), mask[:, -t:]
 
