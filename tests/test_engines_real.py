@@ -127,7 +127,8 @@ def vllm_server(model):
     log = open(Path(os.environ.get("TMPDIR", "/tmp")) / f"posenc-vllm-server-{port}.log", "wb")
     proc = subprocess.Popen([engine_python("vllm"), "-m", "vllm.entrypoints.openai.api_server", "--model",
                              model_file("vllm", model), "--dtype", "float32", "--max-model-len", "2048",
-                             "--enforce-eager", "--host", "127.0.0.1", "--port", str(port)],
+                             "--enforce-eager", "--enable-prompt-tokens-details", "--host", "127.0.0.1",
+                             "--port", str(port)],
                             stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
     url = f"http://127.0.0.1:{port}"
     try:
@@ -162,3 +163,4 @@ def test_openai_adapter_against_vllms_real_server(model, vllm_server):
     assert all(rows[n].passed for n in names), {n: rows[n].measured for n in names}
     assert rows["pairing"].measured["max_abs_logprob_diff"] <= 2e-4
     assert list(rows["rules-vs-reference"].details["per_rule"]) == ["default"]  # the server's rule is fixed
+    assert rows["prefix-caching"].measured["cached_tokens_repeat"] > 0  # reported with --enable-prompt-tokens-details

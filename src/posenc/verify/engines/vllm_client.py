@@ -31,7 +31,7 @@ def vllm_overrides(rope_scaling: dict | None) -> dict[str, Any]:
     return out
 
 
-VLLM_CAPABILITIES = {"rope_override", "prefix_caching", "chunked_prefill", "positions"}
+VLLM_CAPABILITIES = frozenset({"rope_override", "prefix_caching", "chunked_prefill", "positions"})
 
 
 def vllm_process() -> EngineProcess:
