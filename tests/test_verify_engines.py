@@ -13,11 +13,13 @@ pytest.importorskip("safetensors")
 
 from posenc.verify import run_checks  # noqa: E402
 from posenc.verify.engines.hosted import (HostedLogitsEngine, HostedScoringEngine, RuleNotImplemented,  # noqa: E402
-                                          llamacpp_params, vllm_overrides)
+                                          SharedProcess, llamacpp_params, vllm_overrides)
 from posenc.verify.engines.process import EngineProcess  # noqa: E402
 from verify_tiny import BUDGET, save_tiny, subject  # noqa: E402
 
 FAKE = str(Path(__file__).parent / "engine_fakes" / "posenc_side.py")
+SHARED = str(Path(__file__).parent / "engine_fakes" / "shared_side.py")
+SERVING = {"prefix_caching", "positions", "chunked_prefill"}
 LOGITS_ROWS = ["relativity", "prefill-decode", "batch-padding", "pairing", "rules-vs-reference"]
 
 
@@ -26,11 +28,11 @@ def tiny(tmp_path_factory):
     return save_tiny(tmp_path_factory.mktemp("tiny"))
 
 
-def hosted(protocol, fault=None, timeout=60.0, rule_support=None):
+def hosted(protocol, fault=None, timeout=60.0, rule_support=None, capabilities=("prefix_caching",)):
     def factory(model_path, rule, dtype):
         proc = EngineProcess(sys.executable, FAKE, {"model_path": model_path, "rule": rule, "fault": fault},
                              timeout=timeout, load_timeout=120)
-        return HostedLogitsEngine(proc) if protocol == "logits" else HostedScoringEngine(proc, {"prefix_caching"})
+        return HostedLogitsEngine(proc) if protocol == "logits" else HostedScoringEngine(proc, set(capabilities))
     factory.protocol = protocol
     if rule_support is not None:
         factory.rule_support = rule_support
@@ -165,3 +167,52 @@ def test_an_unreachable_server_is_a_failure_not_a_hang(tiny):
 
     rows = run_checks(subject(tiny, load_factory("openai:http://127.0.0.1:9")), BUDGET, ["pairing"])
     assert rows[0].status == "FAIL" and "no answer from" in rows[0].measured["error"]
+
+
+def test_scoring_relativity_and_chunked_prefill_pass_a_clean_engine(tiny):
+    rows = {r.name: r for r in run_checks(subject(tiny, hosted("scoring", capabilities=SERVING)), BUDGET,
+                                          ["relativity", "chunked-prefill"])}
+    assert [r.status for r in rows.values()] == ["pass", "pass"], {k: r.measured for k, r in rows.items()}
+    rel = rows["relativity"].measured
+    assert rel["shifts"] == [3, 61, 1000] and rel["gap_effect"] >= 1e-2  # the map moved the later half
+    assert all(e["reference"] <= e["tolerance"] for e in rows["relativity"].details["per_shift"].values())
+    assert rows["chunked-prefill"].measured["score_reference_diff"] <= 2e-4
+
+
+@pytest.mark.parametrize("fault, row", [("positions-ignored", "relativity"), ("chunk-restart", "chunked-prefill"),
+                                        ("chunk-skip", "chunked-prefill")])
+def test_position_faults_of_a_serving_engine_fail_their_row(tiny, fault, row):
+    rows = {r.name: r for r in run_checks(subject(tiny, hosted("scoring", fault, capabilities=SERVING)), BUDGET,
+                                          ["pairing", row])}
+    assert rows["pairing"].status == "pass" and rows[row].status == "FAIL", rows[row].measured
+    if fault == "positions-ignored":  # the shifted copies equal the base: only the gap and the reference see it
+        assert rows[row].measured["gap_effect"] == 0.0 and rows[row].measured["worst_diff_over_tolerance"] > 1
+    else:
+        assert rows[row].measured["score_diff"] > 1e-2
+
+
+def test_engines_without_the_capabilities_say_na(tiny):
+    rows = run_checks(subject(tiny, hosted("scoring")), BUDGET, ["relativity", "chunked-prefill"])
+    assert [r.status for r in rows] == ["skipped", "skipped"]
+    assert "position map" in rows[0].skipped and "chunked prefill" in rows[1].skipped
+    rows = run_checks(subject(tiny, hosted("logits")), BUDGET, ["chunked-prefill"])
+    assert rows[0].skipped.startswith("n/a: a logits-protocol engine")
+
+
+def test_one_shared_process_serves_every_rule_and_survives_a_refusal(tiny):
+    shared = SharedProcess(EngineProcess(sys.executable, SHARED, {}, timeout=60, load_timeout=120))
+
+    def factory(model_path, rule, dtype):
+        return HostedScoringEngine(None, SERVING, shared=shared, config={"model_path": model_path, "rule": rule})
+    factory.protocol = "scoring"
+    names = ["pairing", "rules-vs-reference", "relativity", "chunked-prefill", "prefix-caching"]
+    try:
+        rows = {r.name: r for r in run_checks(subject(tiny, factory), BUDGET, names)}
+        assert [rows[n].status for n in names] == ["pass"] * 5, {n: rows[n].measured for n in names}
+        assert rows["rules-vs-reference"].measured["not_implemented"] == ["linear"]
+        assert "refused" in rows["rules-vs-reference"].details["not_implemented"]["linear"]
+        assert shared.proc.starts == 1  # a refusal is an answer: the process lives on
+        # default, 6 rules (linear refused), default, chunked, default: a rebuild per change, never per call
+        assert shared.proc.call("configures") == 10
+    finally:
+        shared.close()

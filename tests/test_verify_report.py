@@ -31,7 +31,7 @@ def report(tiny, tmp_path_factory):
     out = tmp_path_factory.mktemp("report")
     code = main(["verify", "--model", tiny, "--out", str(out / "r"), "--json", str(out / "v.json"),
                  "--checks", "relativity,prefill-decode,batch-padding,pairing,length-boundaries,position-scan,"
-                 "short-context,multimodal,rules-vs-reference,prefix-caching"])
+                 "short-context,multimodal,rules-vs-reference,prefix-caching,chunked-prefill"])
     return code, out
 
 

@@ -2,7 +2,12 @@
 
 `fault`: None, "segfault-on-batch" (a real SIGSEGV when a forward has more than one row), "hang-on-batch",
 "raise-on-decode" (an exception for one-token forwards after a cache), "garbage-shape" (every answer one
-token short) "nan" (NaN logprobs) or "refuse-linear" (load raises for the linear rule, as vLLM refuses some configurations). Runs in the test interpreter (PYTHONPATH carries posenc).
+token short) "nan" (NaN logprobs), "refuse-linear" (load raises for the linear rule, as vLLM refuses some
+configurations), "positions-ignored" (the scoring position map is dropped), "chunk-restart" (each chunk
+prefilled as a new sequence: positions from 0, earlier chunks unseen) or "chunk-skip" (a position skipped
+at every chunk boundary). Scoring takes `positions=[offset, gap_at, gap]` (vLLM's
+position map) and, with `chunk`, prefills through the cache `chunk` tokens at a time. Runs in the test
+interpreter (PYTHONPATH carries posenc).
 """
 
 import ctypes
@@ -18,9 +23,9 @@ torch.set_grad_enabled(False)
 
 
 class Fake:
-    def __init__(self, model_path, rule, fault):
+    def __init__(self, model_path, rule, fault, chunk=None):
         self.engine = posenc_engine(model_path, rule, torch.float32)
-        self.fault, self.caches, self.handle = fault, {}, 0
+        self.fault, self.caches, self.handle, self.chunk = fault, {}, 0, chunk
 
     def new_cache(self, batch_size):
         self.handle += 1
@@ -42,9 +47,29 @@ class Fake:
         out = self.engine.forward(torch.from_numpy(ids.astype(np.int64)), **kw).numpy()
         return out[:, :-1] if self.fault == "garbage-shape" else out
 
-    def _logprobs(self, ids):
+    def _positions(self, t, positions):
+        p = torch.arange(t)
+        if positions is None or self.fault == "positions-ignored":
+            return p
+        offset, gap_at, gap = positions
+        return offset + p + (gap * (p >= gap_at) if gap_at is not None else 0)
+
+    def _logits(self, ids, positions=None):
+        x, pos = torch.tensor([ids]), self._positions(len(ids), positions)  # [1, t], [t]
+        if not self.chunk:
+            return self.engine.forward(x, position_ids=pos[None])[0]
+        if self.fault == "chunk-restart":  # each chunk prefilled as a new sequence: positions from 0, no context
+            return torch.cat([self.engine.forward(x[:, i:i + self.chunk])[0] for i in range(0, len(ids), self.chunk)])
+        if self.fault == "chunk-skip":  # a position skipped at every chunk boundary
+            pos = pos + torch.arange(len(ids)) // self.chunk
+        cache, out = self.engine.new_cache(1, len(ids)), []
+        for i in range(0, len(ids), self.chunk):
+            out.append(self.engine.forward(x[:, i:i + self.chunk], cache=cache, position_ids=pos[None, i:i + self.chunk])[0])
+        return torch.cat(out)  # [t, v]
+
+    def _logprobs(self, ids, positions=None):
         x = torch.tensor([ids])
-        logits = self.engine.forward(x)[0]
+        logits = self._logits(ids, positions)
         lp = torch.log_softmax(logits.double(), -1)
         out = np.full(len(ids), np.nan)
         out[1:] = lp[:-1].gather(1, x[0, 1:, None])[:, 0].numpy()
@@ -54,26 +79,26 @@ class Fake:
             out[:] = np.nan
         return out, top1
 
-    def score(self, batch, top_k=1):
+    def score(self, batch, top_k=1, positions=None):
         if len(batch) > 1 and self.fault == "segfault-on-batch":
             ctypes.string_at(0)
         res = []
         for ids in batch:
-            lp, top1 = self._logprobs(ids)
+            lp, top1 = self._logprobs(ids, positions)
             res.append({"logprobs": lp[:-1] if self.fault == "garbage-shape" else lp, "top1": top1})
         return res
 
-    def generate(self, ids, n):
+    def generate(self, ids, n, positions=None):
         ids, lps = list(ids), []
         for _ in range(n):
-            logits = self.engine.forward(torch.tensor([ids]))[0, -1]
+            logits = self._logits(ids, positions)[-1]
             tok = int(logits.argmax())
             lps.append(float(torch.log_softmax(logits.double(), -1)[tok]))
             ids.append(tok)
         return {"tokens": np.array(ids[-n:]), "logprobs": np.array(lps), "cached_tokens": 0}
 
 
-def load(model_path, rule=None, fault=None):
+def load(model_path, rule=None, fault=None, chunk=None):
     if fault == "refuse-linear" and rule and rule.get("rope_type") == "linear":
         raise ValueError("User-specified max_model_len (4096) is greater than the derived max_model_len (128)")
-    return Fake(model_path, rule, fault)
+    return Fake(model_path, rule, fault, chunk)

@@ -116,6 +116,7 @@ def run(args: argparse.Namespace) -> int:
                 stock = run_checks(stock_subject, budget, names, progress, "stock ")
                 meta["stock_transformers"] = {r.name: r.status for r in stock}
             rows = run_checks(subject, budget, names, progress)
+    getattr(factory, "close", lambda: None)()  # the engine process the run's engines shared (vLLM)
     meta["wall_seconds"] = time.perf_counter() - start
     print(render_table(rows))
     if args.patch:

@@ -31,14 +31,17 @@ CHECKS: dict[str, Callable[..., Row]] = {
     "short-context": short_context, "multimodal": multimodal, "rules-vs-reference": rules_vs_reference,
     "prefix-caching": lambda subject, budget, progress=None: Row(
         "prefix-caching", None, skipped="n/a: logits-protocol engines share no prefix cache between requests "
-                                        "(cache reuse is prefill-decode's)")}
+                                        "(cache reuse is prefill-decode's)"),
+    "chunked-prefill": lambda subject, budget, progress=None: Row(
+        "chunked-prefill", None, skipped="n/a: a logits-protocol engine is prefilled by verify itself (prefill in "
+                                         "pieces through the cache is prefill-decode's and relativity's)")}
 
 
 def steps_of(name: str, budget: Budget) -> int:
     """How many progress steps a row reports."""
     return {"relativity": len(budget.shifts), "prefill-decode": 6, "batch-padding": 4, "pairing": 1,
             "length-boundaries": 5, "short-context": 5, "multimodal": 1,
-            "rules-vs-reference": 8, "prefix-caching": 1,
+            "rules-vs-reference": 8, "prefix-caching": 1, "chunked-prefill": 1,
             "position-scan": len(budget.depths) * (len(budget.passkey_lengths) + len(budget.copy_lengths))}[name]
 
 

@@ -9,6 +9,7 @@ that must agree when positions are handled right, at the bound of `rules.py` (tw
 - `batch-padding`: three prompts of different lengths in one batch vs each alone (the engine pads);
 - `prefix-caching`: the same prompt generated twice (the second reads the prefix cache) and a prompt
   sharing its first blocks: equal to the uncached run and to the reference.
+`relativity` (through the engine's position map) and `chunked-prefill` are in `scoring_positions.py`.
 Rows that need full logits or explicit positions say `n/a` with the reason (`NEEDS`).
 """
 
@@ -21,11 +22,11 @@ import torch
 from .common import Budget, Row, Subject, fmt
 from .consistency import logit_tol
 from .rules import LOGPROB_TOL_FACTOR, TOP1_MIN, _compare, token_logprobs
+from .scoring_positions import chunked_prefill, score_relativity
 
 __all__ = ["SCORING_CHECKS", "NEEDS", "score_pairing", "score_decode", "score_batching", "prefix_caching"]
 
 NEEDS = {
-    "relativity": "explicit position ids (the engine derives positions itself)",
     "length-boundaries": "full logits (a scoring engine gives logprobs of the text tokens only; "
                          "rules-vs-reference checks every rule against the reference instead)",
     "short-context": "full logits (see rules-vs-reference for every rule against the reference)",
@@ -130,4 +131,4 @@ def prefix_caching(subject: Subject, budget: Budget, progress: Any = None) -> Ro
 
 
 SCORING_CHECKS = {"pairing": score_pairing, "prefill-decode": score_decode, "batch-padding": score_batching,
-                  "prefix-caching": prefix_caching}
+                  "prefix-caching": prefix_caching, "relativity": score_relativity, "chunked-prefill": chunked_prefill}

