@@ -117,6 +117,19 @@ def test_llamacpp_rule_mapping_and_gaps():
         "rope_parameters": {"rope_type": "dynamic", "factor": 2.0}, "max_position_embeddings": 64}
 
 
+def test_an_engine_that_refuses_gaps_gets_relativity_na_not_a_pass(tiny):
+    # llama.cpp keeps a sequence's positions consecutive; without the gap, shifted copies cannot fail an engine
+    # that ignores positions, so the row is n/a with the reason (and what it measured), never a pass.
+    from posenc.verify.engines import llamacpp_engine
+
+    factory = hosted("logits", "positions-ignored")
+    factory.position_gaps = "refuses gaps"
+    row = run_checks(subject(tiny, factory), BUDGET, ["relativity"])[0]
+    assert row.status == "skipped" and row.skipped.startswith("n/a: needs positions with a gap (refuses gaps)")
+    assert row.measured["shifts"] and "gap_effect" not in row.measured
+    assert "not continuous" in llamacpp_engine.position_gaps
+
+
 def test_from_pretrained_takes_every_verify_rule(tiny):
     from posenc.models import Decoder
     from posenc.verify.checks.rules import all_rules, token_logprobs

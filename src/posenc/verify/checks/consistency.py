@@ -77,6 +77,15 @@ def relativity(subject: Subject, budget: Budget, progress: Any = None) -> Row:
             progress()
     ratio = worst(ratios)  # NaN-aware: a NaN anywhere fails the row
     varied, informs, needs = informative_of([spread(base)], logit_tol(subject.dtype))
+    no_gaps = getattr(subject.factory, "position_gaps", None)  # None: gaps taken; else why they are refused
+    if no_gaps:
+        # Shifted copies alone cannot fail an engine that ignores positions: without the gap the row proves
+        # nothing, so it is n/a (with what was measured), never a pass.
+        return Row("relativity", None, skipped=f"n/a: needs positions with a gap ({no_gaps}); shifted copies "
+                   "alone cannot show that positions are honoured",
+                   measured={"max_abs_logit_diff": worst(diffs), "worst_diff_over_tolerance": ratio,
+                             "top1_agreement": agree, "logit_spread": varied, "shifts": shifts},
+                   details={"per_shift": per_shift})
     half, gap = n // 2, min(GAP, max(subject.l0 - n, 1))
     gapped = (torch.arange(n) + gap * (torch.arange(n) >= half))[None]  # 0..h-1, h+gap..n-1+gap
     honoured = max_diff(engine.forward(ids, position_ids=gapped)[:, half:], base[:, half:])

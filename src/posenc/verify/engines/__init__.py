@@ -173,6 +173,10 @@ def vllm_engine(model_path: str, rope_scaling: dict | None, dtype: torch.dtype) 
 
 
 llamacpp_engine.rule_support = _llamacpp_support  # type: ignore[attr-defined]
+# llama.cpp's batch validation (0.3.36) requires a sequence's positions to stay consecutive (Y = X + 1), within a
+# batch and after its cache: "sequence positions are not continuous". The relativity row's gap is n/a there.
+llamacpp_engine.position_gaps = ("llama.cpp refuses non-consecutive positions within a sequence: "  # type: ignore[attr-defined]
+                                 "'sequence positions are not continuous'")
 vllm_engine.protocol = "scoring"  # type: ignore[attr-defined]
 
 
