@@ -8,6 +8,7 @@ the layers share one RoPE), and each row run alone (a left-padded batch must equ
 import pytest
 import torch
 from conftest import assert_close
+from decoder_checks import check_decode_and_padding
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -58,15 +59,8 @@ def test_random_arch_decode_and_padding_invariants(arch_rope, seed):
     ids = torch.randint(0, 30, (2, SEQ), generator=torch.Generator().manual_seed(seed))
     want = model(ids)
     assert torch.isfinite(want).all()
-    for store in ("rotated",) if arch.own_ropes else ("rotated", "unrotated"):
-        cache = model.new_cache(2, 12, store=store)
-        steps = [model(ids[:, :4], cache=cache)] + [model(ids[:, i:i + 1], cache=cache) for i in range(4, SEQ)]
-        assert_close(torch.cat(steps, 1), want, msg=f"{store} decode")
-    mask = torch.ones(2, SEQ, dtype=torch.long)
-    mask[1, :3] = 0
-    padded = model(ids, attention_mask=mask)
-    assert_close(padded[0], want[0])
-    assert_close(padded[1, 3:], model(ids[1:, 3:])[0], msg="left-padded row")
+    check_decode_and_padding(model, ids, want, prefill=4, pad=3, alone=model, capacity=12,
+                             stores=("rotated",) if arch.own_ropes else ("rotated", "unrotated"))
 
 
 @pytest.mark.filterwarnings("ignore:.*flex_attention called without torch.compile.*")

@@ -15,6 +15,7 @@ import dataclasses
 import pytest
 import torch
 from conftest import assert_close
+from decoder_checks import check_decode_and_padding
 
 transformers = pytest.importorskip("transformers")
 
@@ -145,15 +146,9 @@ def test_family_equals_transformers(family, monkeypatch):
     ids = tokens((2, SEQ))
     want = hf(ids).logits
     assert_close(model(ids), want, msg=f"{family} full forward")
-    cache = model.new_cache(2, 16)
-    steps = [model(ids[:, :5], cache=cache)] + [model(ids[:, i:i + 1], cache=cache) for i in range(5, SEQ)]
-    assert_close(torch.cat(steps, 1), want, msg=f"{family} prefill + decode")
-    # a left-padded batch: each row equals transformers on that row alone
-    mask = torch.ones(2, SEQ, dtype=torch.long)
-    mask[1, :4] = 0
-    padded = model(ids, attention_mask=mask)
-    assert_close(padded[0], want[0])
-    assert_close(padded[1, 4:], hf(ids[1:, 4:]).logits[0], msg=f"{family} left-padded row")
+    # prefill + decode, and a left-padded batch whose every row equals transformers on that row alone
+    check_decode_and_padding(model, ids, want, prefill=5, pad=4, alone=lambda x: hf(x).logits, capacity=16,
+                             label=family)
 
 
 @pytest.mark.parametrize("family", sorted(f for f in FAMILIES if FAMILIES[f][3]))

@@ -13,6 +13,7 @@ pytest.importorskip("transformers")
 
 import posenc  # noqa: E402
 from posenc.integrations.transformers import is_patched, patch, unpatch  # noqa: E402
+from transformers_tiny import sharpen  # noqa: E402
 
 V = 128
 IMG, VID, VS, VE, PAD = V - 3, V - 2, V - 1, V - 4, 0
@@ -50,12 +51,7 @@ def tiny_vl(family, dtype=torch.float32):
                                                video_token_id=VID, vision_start_token_id=VS, vision_end_token_id=VE)
     config._attn_implementation = "sdpa"
     torch.manual_seed(0)
-    model = getattr(transformers, model_cls)(config)
-    with torch.no_grad():  # larger weights than the default init: sharper attention, position errors show
-        for p in model.parameters():
-            if p.ndim == 2:
-                p.mul_(4.0)
-    return model.to(dtype).eval()
+    return sharpen(getattr(transformers, model_cls)(config)).to(dtype).eval()
 
 
 def _block(kind, h, w, t=1):

@@ -73,12 +73,16 @@ def tiny_model(family: str, rope: dict | None = None, dtype=torch.float32, seed:
     cls = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "gemma3": "Gemma3ForCausalLM",
            "phi3": "Phi3ForCausalLM", "smollm3": "SmolLM3ForCausalLM", "phi": "PhiForCausalLM",
            "glm": "GlmForCausalLM", "cohere": "CohereForCausalLM", "qwen2_vl": "Qwen2VLForConditionalGeneration"}[family]
-    model = getattr(transformers, cls)(config)
-    with torch.no_grad():  # larger weights than the default init: sharper attention, position errors show
+    return sharpen(getattr(transformers, cls)(config)).to(dtype).eval()
+
+
+def sharpen(model):
+    """Larger weights than the default init (matrices x4): sharper attention, so position errors show."""
+    with torch.no_grad():
         for p in model.parameters():
             if p.ndim == 2:
                 p.mul_(4.0)
-    return model.to(dtype).eval()
+    return model
 
 
 def fresh_full(model):
