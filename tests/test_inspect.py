@@ -9,6 +9,7 @@ import torch
 from conftest import assert_close
 from posenc import PosencError
 from posenc import inspection as ins
+from posenc.hf.facts import kv_cache_facts
 
 GIB = 2**30
 
@@ -318,3 +319,13 @@ def test_kv_sharing_is_listed_and_bad_counts_refused():
     assert "layer <- source: 5 <- 4, 6 <- 4, 7 <- 3" in _text(r)
     with pytest.raises(PosencError, match="num_kv_shared_layers"):
         ins.inspect_model({**GEMMA3N, "num_kv_shared_layers": 8})
+
+
+def test_kv_shared_layers_add_nothing_to_the_cache():
+    # 8 layers, 3 of them reading an earlier layer's cache: 5 store keys and values. Every layer here is within
+    # its window at 16 tokens (no sliding_window key: none is set), so bytes = 5 layers x 2 (K, V) x 1 head x 16
+    # channels x 16 tokens x 2 bytes (fp16).
+    facts = kv_cache_facts(GEMMA3N)
+    assert ins.kv_bytes(facts, 16, "fp16") == 5 * 2 * 1 * 16 * 16 * 2
+    assert ins.kv_bytes(kv_cache_facts({**GEMMA3N, "num_kv_shared_layers": 0}), 16, "fp16") == 8 * 2 * 16 * 16 * 2
+    assert any("3 of 8 layers reuse" in n for n in facts.notes)

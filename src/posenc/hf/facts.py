@@ -154,6 +154,15 @@ def kv_cache_facts(config: Any) -> KVFacts:
     if model_type in ("t5", "mt5"):
         notes.append("encoder-decoder: decoder self-attention cache only; the cross-attention cache adds the same per"
                      " encoder token")
+    if cfg.get("num_kv_shared_layers") or cfg.get("kv_source_layers") is not None:
+        from .branches import kv_sources  # a layer that reads an earlier layer's keys and values stores none
+
+        sources = kv_sources(cfg)
+        if any(s is not None for s in sources):
+            base = per_layer or (2 * kv_heads * width,) * layers
+            per_layer = tuple(0 if s is not None else e for e, s in zip(base, sources))
+            notes.append(f"{sum(s is not None for s in sources)} of {layers} layers reuse an earlier layer's keys and "
+                         "values (num_kv_shared_layers / kv_source_layers): they add nothing to the cache")
     return KVFacts(kind, layers, kv_heads, width, 2 * kv_heads * width, windows, tuple(notes), per_layer)
 
 
