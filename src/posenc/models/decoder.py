@@ -213,7 +213,7 @@ class Decoder(nn.Module):
 
     # ---------------------------------------------------------------- cache
     def new_cache(self, batch_size: int, capacity: int | None = None, store: str = "rotated",
-                  policy: str = "recompute") -> KVCache:
+                  policy: str = "recompute", kv_dtype: str | None = None) -> KVCache:
         """An empty `KVCache` for this model (its dtype, device, heads and RoPE).
 
         Args:
@@ -221,8 +221,16 @@ class Decoder(nn.Module):
             capacity: slots per row (prompt + generated tokens; a full cache raises PosencError saying
                 how to size it), or None to grow on demand (doubling; amortised O(1) per token).
             store: "rotated" or "unrotated" keys. policy: "recompute", "rerotate", "freeze" or "refuse".
+            kv_dtype: None (the model's dtype) or a `posenc.kv_quant` format ("int8", "int4", "fp8",
+                "bfloat16", ...): a `QuantizedKVCache` (store "unrotated": keys per channel before RoPE).
         """
         weight = self.embed_tokens.weight
+        if kv_dtype is not None:
+            from ..kv_cache_quant import QuantizedKVCache
+
+            return QuantizedKVCache(len(self.layers), batch_size, self.num_kv_heads, self.head_dim, capacity,
+                                    kv_dtype=kv_dtype, rope=self.rope, store=store, policy=policy,
+                                    dtype=weight.dtype, device=weight.device, absolute=self.kind == "absolute")
         return KVCache(len(self.layers), batch_size, self.num_kv_heads, self.head_dim, capacity, rope=self.rope,
                        store=store, policy=policy, dtype=weight.dtype, device=weight.device,
                        absolute=self.kind == "absolute")
