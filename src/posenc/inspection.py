@@ -139,38 +139,20 @@ def kv_bytes(facts: KVFacts, tokens: int, dtype: str) -> float:
 
 
 def element_bytes(facts: KVFacts, dtype: str, arg: str = "dtype") -> float:
-    """Bytes per cached number: `DTYPE_BYTES[dtype]` (bare elements), or for `"FORMAT:keys"` (FORMAT a
-    `posenc.kv_quant` format, keys "post": per token after RoPE, "pre": per channel before RoPE in blocks
-    of 64) what `posenc.kv_cache_quant.QuantizedKVCache` stores: codes, float16 statistics, block ids.
-
-    Raises:
-        PosencError: naming `arg`: an unknown name, keys other than pre/post, int4 with an odd head_dim.
-    """
+    """Bytes per cached number: `DTYPE_BYTES[dtype]` (bare elements), or what posenc's quantized cache
+    stores for `"FORMAT:pre|post"` (`posenc.kv_cache_quant.bytes_per_number`). PosencError naming `arg`."""
     if dtype in DTYPE_BYTES:
         return DTYPE_BYTES[dtype]
-    from .kv_cache_quant import cache_bytes_per_token
-    from .kv_quant import ALIASES, FORMATS, kv_format
+    from .kv_cache_quant import bytes_per_number
 
-    if not isinstance(dtype, str) or ":" not in dtype:
-        fail(arg, f"one of {tuple(DTYPE_BYTES)} or FORMAT:pre|post with FORMAT in {tuple(FORMATS) + tuple(ALIASES)}", dtype)
-    name, _, keys = dtype.partition(":")
-    fmt = kv_format(name, arg=arg)
-    choice(arg, keys, ("pre", "post"))
-    heads, dim = max(facts.kv_heads or 1, 1), max(facts.head_dim or 1, 1)
-    if fmt.bits == 4 and dim % 2:
-        fail(arg, "an even head_dim for int4 (two channels per byte)", Raw(f"head_dim {dim}"))
-    store = "unrotated" if keys == "pre" else "rotated"
-    return cache_bytes_per_token(fmt.name, 1, heads, dim, store=store) / (2 * heads * dim)
+    return bytes_per_number(dtype, max(facts.kv_heads or 1, 1), max(facts.head_dim or 1, 1), arg=arg)
 
 
 def kv_label(kv_dtype: str) -> str:
     """`"int4"` -> `"int4:post"`, `"bf16:pre"` -> `"bfloat16:pre"`: a `--kv-dtype` as its table column."""
-    from .kv_quant import kv_format
+    from .kv_cache_quant import kv_label as label
 
-    name, _, keys = kv_dtype.partition(":") if isinstance(kv_dtype, str) else (kv_dtype, "", "")
-    label = f"{kv_format(name, arg='--kv-dtype').name}:{keys or 'post'}"
-    choice("--kv-dtype", label.partition(":")[2], ("pre", "post"))
-    return label
+    return label(kv_dtype, "post")
 
 
 # ---------------------------------------------------------------------------------------------- RoPE facts

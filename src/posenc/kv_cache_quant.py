@@ -23,14 +23,14 @@ from typing import Any
 import torch
 
 from .cache import INITIAL_CAPACITY, KVCache
-from .errors import fail, integer
-from .kv_quant import bytes_per_vector, kv_format
+from .errors import Raw, choice, fail, integer
+from .kv_quant import ALIASES, FORMATS, bytes_per_vector, kv_format
 from .kv_store import DEFAULT_GROUP, ChannelStore, TokenStore
 from .rope import route
 from .rope.apply import apply_rope
 from .rope.rerotate import rerotation_tables, stored_pairing
 
-__all__ = ["QuantizedKVCache", "cache_bytes_per_token"]
+__all__ = ["QuantizedKVCache", "cache_bytes_per_token", "bytes_per_number", "kv_label"]
 
 
 def cache_bytes_per_token(kv_dtype: str, num_layers: int, num_kv_heads: int, head_dim: int, *,
@@ -42,6 +42,31 @@ def cache_bytes_per_token(kv_dtype: str, num_layers: int, num_kv_heads: int, hea
     key = bytes_per_vector(fmt, head_dim, "channel" if channel else "token", group) * num_kv_heads
     value = bytes_per_vector(fmt, head_dim if value_dim is None else value_dim, "token") * num_kv_heads
     return num_layers * (key + value + (4 if channel else 0))
+
+
+def kv_label(kv_dtype: Any, default_keys: str, arg: str = "--kv-dtype") -> str:
+    """`"FORMAT[:pre|:post]"` in canonical form (`"bf16"` -> `"bfloat16:post"` with default_keys "post").
+
+    Raises:
+        PosencError: naming `arg`: an unknown format, keys other than pre / post.
+    """
+    name, _, keys = kv_dtype.partition(":") if isinstance(kv_dtype, str) else (kv_dtype, "", "")
+    fmt = kv_format(name, arg=arg)
+    choice(arg, keys or default_keys, ("pre", "post"))
+    return f"{fmt.name}:{keys or default_keys}"
+
+
+def bytes_per_number(label: str, num_kv_heads: int, head_dim: int, arg: str = "--kv-dtype") -> float:
+    """Bytes per cached key or value number of a `QuantizedKVCache` "FORMAT:pre|post" (`cache_bytes_per_token`
+    over 2 x heads x head_dim; "pre" stores keys unrotated, per channel). PosencError naming `arg` for a bad
+    label or int4 with an odd head_dim."""
+    if not isinstance(label, str) or ":" not in label:
+        fail(arg, f"FORMAT:pre or FORMAT:post with FORMAT in {tuple(FORMATS) + tuple(ALIASES)}", label)
+    label = kv_label(label, "post", arg)
+    fmt, store = kv_format(label.split(":")[0]), "unrotated" if label.endswith(":pre") else "rotated"
+    if fmt.bits == 4 and head_dim % 2:
+        fail(arg, "an even head_dim for int4 (two channels per byte)", Raw(f"head_dim {head_dim}"))
+    return cache_bytes_per_token(fmt.name, 1, num_kv_heads, head_dim, store=store) / (2 * num_kv_heads * head_dim)
 
 
 class QuantizedKVCache(KVCache):
