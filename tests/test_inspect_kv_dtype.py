@@ -66,3 +66,19 @@ def test_bad_kv_dtype_is_refused_by_name(capsys, kv_dtype, message):
     cfg = ins.load_config("gpt2")[0] | {"n_embd": 60, "n_head": 4}  # head_dim 15 (not RoPE, which needs pairs)
     with pytest.raises(PosencError, match="^--kv-dtype: expected an even head_dim"):
         ins.inspect_model(cfg, kv_dtype="int4")
+
+
+def test_docs_cache_page_shows_real_output(capsys):
+    """docs/cache.md: each `$ posenc inspect ...` block prints exactly what the page shows."""
+    import re
+    import shlex
+    from pathlib import Path
+
+    from posenc.cli import main
+
+    page = (Path(__file__).resolve().parents[1] / "docs" / "cache.md").read_text()
+    blocks = re.findall(r"```console\n\$ (posenc [^\n]*)\n(.*?)```", page, re.S)
+    assert any("--kv-dtype" in command for command, _ in blocks)
+    for command, shown in blocks:
+        assert main(shlex.split(command)[1:]) == 0
+        assert capsys.readouterr().out == shown
