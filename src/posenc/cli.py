@@ -47,7 +47,8 @@ def _inspect(args: argparse.Namespace) -> int:
         require("rich", "rich")
     dtypes = tuple(d.strip() for d in args.dtypes.split(",") if d.strip())
     lengths = ins.parse_lengths(args.lengths) if args.lengths is not None else None
-    report = ins.inspect_source(args.model, lengths=lengths, batch=args.batch, dtypes=dtypes, memory_gib=args.memory)
+    report = ins.inspect_source(args.model, lengths=lengths, batch=args.batch, dtypes=dtypes, memory_gib=args.memory,
+                                kv_dtype=args.kv_dtype)
     if args.json:
         print(json.dumps(report, indent=2))
     elif args.format == "rich" or (args.format == "auto" and sys.stdout.isatty() and _has_rich()):
@@ -110,6 +111,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--batch", type=int, default=1, help="requests per batch for the KV-cache table (default 1)")
     p.add_argument("--dtypes", default="fp16,bf16,fp8,int4", help=f"cache element types from {', '.join(ins.DTYPE_BYTES)}"
                    " (default fp16,bf16,fp8,int4)")
+    p.add_argument("--kv-dtype", metavar="FORMAT[:pre|:post]",
+                   help="the memory table of posenc's quantized cache in FORMAT (int8, int4, fp8, bf16, fp16, fp32): "
+                   "codes plus scales per token; :pre = keys per channel before RoPE (default :post, per token); "
+                   "replaces --dtypes")
     p.add_argument("--memory", type=float, metavar="GIB", help="a KV-cache budget in GB (2**30 bytes): print the longest request that fits")
     p.add_argument("--bands", type=int, default=8, help="frequency bands to group the rotation pairs into (default 8)")
     p.add_argument("--json", action="store_true", help="print every fact as JSON (per-pair lists included)")

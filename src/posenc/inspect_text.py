@@ -110,10 +110,16 @@ def _kv_block(report: dict[str, Any]) -> tuple:
     else:
         how = f"2 (K and V) x {kv['layers']} layers x {kv['kv_heads']} KV heads x {kv['head_dim']} dims"
     size = f"{per_token / 1024:.4g} KiB" if per_token >= 1024 else f"{per_token:g} bytes"
-    notes = [f"per token: {size} in {first} = {how} x {ins.DTYPE_BYTES[first]:g} bytes ({kv['kind'].upper()})"]
+    per_element = kv.get("bytes_per_element", {}).get(first, ins.DTYPE_BYTES.get(first))
+    notes = [f"per token: {size} in {first} = {how} x {per_element:.4g} bytes ({kv['kind'].upper()})"]
     notes += list(kv["notes"])
     if "int4" in dtypes:
         notes.append("int4 counts 0.5 byte per number, without quantisation scales")
+    if any(":" in d for d in dtypes):  # a posenc quantized cache (--kv-dtype)
+        cast = first.split(":")[0] in ("float32", "bfloat16", "float16")
+        notes.append(f"{first}: posenc's quantized cache, " + ("a plain cast, no scales" if cast else
+                     "codes plus float16 scales (keys " + ("per channel before RoPE in blocks of 64, with a block "
+                     "id per token and layer)" if first.endswith(":pre") else "per token after RoPE); values per token")))
     rows, beyond = [], False
     for n in sorted({r["tokens"] for r in kv["rows"]}, key=[r["tokens"] for r in kv["rows"]].index):
         cells = {r["dtype"]: r for r in kv["rows"] if r["tokens"] == n}

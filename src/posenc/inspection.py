@@ -31,7 +31,7 @@ from .hf.conventions import convention
 from .rope import scaling as sc
 from .rope.spec import Rope
 
-__all__ = ["load_config", "load_preset", "inspect_source", "preset_names", "parse_lengths", "kv_cache_facts", "kv_bytes", "rope_facts", "inspect_model",
+__all__ = ["load_config", "load_preset", "inspect_source", "preset_names", "parse_lengths", "kv_cache_facts", "kv_bytes", "element_bytes", "kv_label", "rope_facts", "inspect_model",
            "max_tokens", "target_lengths", "length_label", "DTYPE_BYTES", "KVFacts"]
 
 DTYPE_BYTES = {"fp32": 4.0, "fp16": 2.0, "bf16": 2.0, "fp8": 1.0, "int4": 0.5}  # int4: without quantisation scales
@@ -132,11 +132,28 @@ def length_label(tokens: int) -> str:
 
 # ---------------------------------------------------------------------------------------------- memory
 def kv_bytes(facts: KVFacts, tokens: int, dtype: str) -> float:
-    """KV-cache bytes for one request of `tokens` tokens in `dtype` ("fp16", "bf16", "fp8", "int4", "fp32")."""
-    choice("dtype", dtype, tuple(DTYPE_BYTES))
+    """KV-cache bytes for one request of `tokens` tokens in `dtype` ("fp16", "bf16", "fp8", "int4", "fp32"),
+    or in a posenc quantized cache `"FORMAT:post"` / `"FORMAT:pre"` (see `element_bytes`)."""
     per_layer = facts.layer_elements or (facts.elements,) * len(facts.windows)
     cached = sum((tokens if w is None else min(tokens, w)) * e for w, e in zip(facts.windows, per_layer))  # numbers held
-    return cached * DTYPE_BYTES[dtype]
+    return cached * element_bytes(facts, dtype)
+
+
+def element_bytes(facts: KVFacts, dtype: str, arg: str = "dtype") -> float:
+    """Bytes per cached number: `DTYPE_BYTES[dtype]` (bare elements), or what posenc's quantized cache
+    stores for `"FORMAT:pre|post"` (`posenc.kv_cache_quant.bytes_per_number`). PosencError naming `arg`."""
+    if dtype in DTYPE_BYTES:
+        return DTYPE_BYTES[dtype]
+    from .kv_cache_quant import bytes_per_number
+
+    return bytes_per_number(dtype, max(facts.kv_heads or 1, 1), max(facts.head_dim or 1, 1), arg=arg)
+
+
+def kv_label(kv_dtype: str) -> str:
+    """`"int4"` -> `"int4:post"`, `"bf16:pre"` -> `"bfloat16:pre"`: a `--kv-dtype` as its table column."""
+    from .kv_cache_quant import kv_label as label
+
+    return label(kv_dtype, "post")
 
 
 # ---------------------------------------------------------------------------------------------- RoPE facts
@@ -274,6 +291,7 @@ def inspect_model(
     dtypes: tuple[str, ...] = ("fp16", "bf16", "fp8", "int4"),
     source: str = "",
     memory_gib: float | None = None,
+    kv_dtype: str | None = None,
 ) -> dict[str, Any]:
     """Every fact `posenc inspect` prints, as a JSON-ready dict.
 
@@ -284,6 +302,8 @@ def inspect_model(
         dtypes: cache element types, from `DTYPE_BYTES`.
         source: where the config came from (shown as is).
         memory_gib: a KV-cache budget in GiB; adds the longest request that fits per dtype at `batch`.
+        kv_dtype: a posenc quantized cache format, `"int4"` or `"int4:pre"` (`kv_label`); replaces `dtypes`
+            with its one column, counting codes and scales (`element_bytes`).
     Returns:
         `{"model", "source", "model_type", "scheme", "l0", "l1", "rope": [...], "branches": [...],
         "kv_sharing": [[layer, source], ...], "scheme_facts", "kv_cache"}` (branches and kv_sharing are empty
@@ -298,6 +318,8 @@ def inspect_model(
         fail("--dtypes", f"at least one name from {tuple(DTYPE_BYTES)}", Raw("none"))
     for dtype in dtypes:
         choice("--dtypes", dtype, tuple(DTYPE_BYTES))
+    if kv_dtype is not None:
+        dtypes = (kv_label(kv_dtype),)
     text = hf.text_config(cfg)
     scheme = hf.position_scheme(text)
     report: dict[str, Any] = {"model": cfg.get("_name_or_path") or source, "source": source,
@@ -313,6 +335,7 @@ def inspect_model(
         report["scheme_facts"] = _other_scheme_facts(scheme, text)
     report["l0"], report["l1"] = l0, l1
     kv = kv_cache_facts(cfg)
+    per_element = {d: element_bytes(kv, d, "--kv-dtype") for d in dtypes}  # refuses before any table is built
     lengths = lengths or sorted({n for n in (l0, l1) if n}) or [4096]
     beyond = lambda n: bool(l1) and n is not None and n > l1  # noqa: E731  past the declared maximum
     rows = [{"tokens": n, "label": length_label(n), "dtype": d, "bytes_per_request": kv_bytes(kv, n, d),
@@ -320,7 +343,8 @@ def inspect_model(
     report["kv_cache"] = {"kind": kv.kind, "layers": kv.layers, "kv_heads": kv.kv_heads, "head_dim": kv.head_dim,
                           "elements_per_token_per_layer": kv.elements, "windows": sorted({w for w in kv.windows if w}),
                           "batch": batch, "dtypes": list(dtypes), "unit": "GB = 2**30 bytes (GiB)", "notes": list(kv.notes),
-                          "bytes_per_token": {d: kv_bytes(kv, 1, d) for d in dtypes}, "rows": rows}
+                          "bytes_per_token": {d: kv_bytes(kv, 1, d) for d in dtypes}, "bytes_per_element": per_element,
+                          "rows": rows}
     if memory_gib is not None:
         budget = real("--memory", memory_gib, gt=0) * GIB
         report["kv_cache"]["memory_gib"] = memory_gib

@@ -28,7 +28,7 @@ relabel slots: `move` and `keep_recent(shift=True)` refuse (only a re-run of the
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -65,18 +65,22 @@ class KVCache:
         absolute: the keys and values carry absolute position embeddings: slots cannot be moved.
         block_size: None (contiguous rows) or slots per block of paged storage (`PagedStore`): rows own
             block tables, `reorder` moves tables (forked rows share blocks, copied on write).
+        make_store: None (`ContiguousStore`) or a callable with `ContiguousStore`'s signature making each
+            layer's `KVStore` (e.g. `posenc.kv_store.QuantStore`, which `QuantizedKVCache` passes).
     Attributes:
         positions `[b, capacity]` int64 (-1 = empty); tokens `[b, capacity]` token ids (-1 = unknown);
         lengths `[b]` filled slots; table_len `[b]` sequence length of the row's table (0 = never filled);
         stores: one `KVStore` per layer; k, v: per layer `[b, hk, capacity, d]` (each store's `read()`).
     Raises:
-        PosencError: non-positive sizes or block size, an unknown store or policy, a rope whose head_dim is not d.
+        PosencError: non-positive sizes or block size, an unknown store or policy, a rope whose head_dim is not d,
+            a make_store with a block_size (paged storage makes its own stores).
     """
 
     def __init__(self, num_layers: int, batch_size: int, num_kv_heads: int, head_dim: int, capacity: int | None, *,
                  rope: Rope | None = None, store: str = "rotated", policy: str = "recompute",
                  value_dim: int | None = None, dtype: torch.dtype = torch.float32, device: Any = None,
-                 absolute: bool = False, block_size: int | None = None) -> None:
+                 absolute: bool = False, block_size: int | None = None,
+                 make_store: Callable[..., KVStore] | None = None) -> None:
         self.growable = capacity is None  # grow on demand, doubling (amortised O(1) per token)
         capacity = INITIAL_CAPACITY if capacity is None else capacity
         sizes = dict(num_layers=num_layers, batch_size=batch_size, num_kv_heads=num_kv_heads, head_dim=head_dim,
@@ -95,9 +99,12 @@ class KVCache:
         self.rope, self.store, self.policy = rope, store, policy
         self.num_kv_heads, self.head_dim, self.value_dim = num_kv_heads, head_dim, value_dim
         shape = (batch_size, num_kv_heads, capacity, head_dim, value_dim)
+        if block_size is not None and make_store is not None:
+            fail("make_store", "None with a block_size (paged storage makes its own stores)", make_store)
         if block_size is None:
             self.pages = None
-            self.stores: list[KVStore] = [ContiguousStore(*shape, dtype=dtype, device=device, layers=num_layers)
+            make = ContiguousStore if make_store is None else make_store
+            self.stores: list[KVStore] = [make(*shape, dtype=dtype, device=device, layers=num_layers)
                                           for _ in range(num_layers)]
         else:
             self.pages = BlockTable(batch_size, capacity, block_size, device=device)

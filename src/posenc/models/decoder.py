@@ -247,7 +247,8 @@ class Decoder(nn.Module):
 
     # ---------------------------------------------------------------- cache
     def new_cache(self, batch_size: int, capacity: int | None = None, store: str = "rotated",
-                  policy: str = "recompute", *, block_size: int | None = None) -> KVCache:
+                  policy: str = "recompute", *, block_size: int | None = None,
+                  kv_dtype: str | None = None) -> KVCache:
         """An empty `KVCache` for this model (its dtype, device, heads and RoPE).
 
         Args:
@@ -256,11 +257,22 @@ class Decoder(nn.Module):
                 how to size it), or None to grow on demand (doubling; amortised O(1) per token).
             store: "rotated" or "unrotated" keys. policy: "recompute", "rerotate", "freeze" or "refuse".
             block_size: None (contiguous rows) or slots per block of paged storage (forks share blocks).
+            kv_dtype: None (the model's dtype) or a `posenc.kv_quant` format ("int8", "int4", "fp8",
+                "bfloat16", ...): a `QuantizedKVCache` (store "unrotated": keys per channel before RoPE).
+                Not with a block_size (quantized storage is contiguous).
         """
         if store != "rotated" and self.arch is not None and self.arch.own_ropes:
             fail("store", f"'rotated' (the layers of this {self.arch.family} model rotate their own keys before the "
                  "cache: there are no unrotated keys to store)", store)
         weight = self.embed_tokens.weight
+        if kv_dtype is not None:
+            from ..kv_cache_quant import QuantizedKVCache
+
+            if block_size is not None:
+                fail("block_size", "None with a kv_dtype (quantized storage is contiguous)", block_size)
+            return QuantizedKVCache(len(self.layers), batch_size, self.num_kv_heads, self.head_dim, capacity,
+                                    kv_dtype=kv_dtype, rope=self.rope, store=store, policy=policy,
+                                    dtype=weight.dtype, device=weight.device, absolute=self.kind == "absolute")
         return KVCache(len(self.layers), batch_size, self.num_kv_heads, self.head_dim, capacity, rope=self.rope,
                        store=store, policy=policy, dtype=weight.dtype, device=weight.device,
                        absolute=self.kind == "absolute", block_size=block_size)

@@ -43,6 +43,10 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     p.add_argument("--json", default=None, metavar="FILE", help="also write the JSON report here")
     p.add_argument("--out", default="posenc-verify-report", metavar="DIR", help="report folder")
     p.add_argument("--dtype", default="float32", choices=sorted(DTYPES), help="model dtype (default float32)")
+    p.add_argument("--kv-dtype", default=None, metavar="FORMAT[:pre|:post]",
+                   help="posenc engine only: run every row with a quantized cache (int8, int4, fp8, bf16, fp16); "
+                   ":pre (default) keys per channel before RoPE, :post per token after it; consistency thresholds "
+                   "grow by the format's noise, printed before the rows run")
     p.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's choice)")
     p.set_defaults(run=run)
     return p
@@ -65,6 +69,19 @@ def check_outputs(args: argparse.Namespace) -> None:
         writable_file("--json", args.json)
 
 
+def kv_choice(args: argparse.Namespace) -> str | None:
+    """`--kv-dtype` as "FORMAT:pre|post" (checked up front), or None; refused with another engine or --self-test."""
+    if args.kv_dtype is None:
+        return None
+    from ..errors import Raw, fail
+    from ..inspection import kv_label
+
+    if args.engine != "posenc" or args.self_test:
+        fail("--kv-dtype", "--engine posenc (without --self-test)", Raw(f"--engine {args.engine}"
+                                                                        + (" --self-test" if args.self_test else "")))
+    return kv_label(args.kv_dtype if ":" in args.kv_dtype else args.kv_dtype + ":pre")
+
+
 def run(args: argparse.Namespace) -> int:
     import torch
 
@@ -76,6 +93,7 @@ def run(args: argparse.Namespace) -> int:
     from .runner import Progress, build_subject, parse_checks, run_checks, self_test
 
     check_outputs(args)  # before minutes of checks, not after them
+    kv_dtype = kv_choice(args)
     if args.threads is not None:
         torch.set_num_threads(args.threads)
     if args.engine_timeout is not None:
@@ -97,9 +115,15 @@ def run(args: argparse.Namespace) -> int:
         factory, engine_name = transformers_patched_engine, "transformers+patch"
     tokens = max(24000, 2 * budget.boundary_l0 + 4000, budget.short_len + 4000)
     start = time.perf_counter()
-    subject, text = build_subject(model, factory, engine_name=engine_name, dtype=dtype, tokens=tokens)
+    subject, text = build_subject(model, factory, engine_name=engine_name, dtype=dtype, tokens=tokens,
+                                  kv_dtype=kv_dtype)
+    if kv_dtype is not None:
+        from .checks.consistency import cache_tol, logit_tol
+
+        print(f"kv cache {kv_dtype}: the consistency rows (relativity cached, prefill-decode, batch-padding) allow "
+              f"|logit diff| <= {cache_tol(subject):.4g} (float noise {logit_tol(dtype):.3g} + the format's)", flush=True)
     meta = {"engine": engine_name, "model": str(model), "budget": budget.name, "dtype": str(dtype).split(".")[-1],
-            "text": text, "torch_threads": torch.get_num_threads()}
+            "text": text, "torch_threads": torch.get_num_threads(), "kv_dtype": kv_dtype}
     selftest = None
     with Progress() as progress:
         if args.self_test:

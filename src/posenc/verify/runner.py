@@ -151,9 +151,10 @@ def self_test(make_subject: Callable[[Callable[..., Any]], Subject], budget: Bud
 
 
 def build_subject(model_path: str, factory: Callable[..., Any], *, engine_name: str, dtype: torch.dtype,
-                  tokens: int) -> tuple[Subject, dict[str, Any]]:
+                  tokens: int, kv_dtype: str | None = None) -> tuple[Subject, dict[str, Any]]:
     """The subject for a checkpoint: config and tokenizer from posenc's loader, the reference text, and
-    the pairing reference (transformers on the same weights; posenc's decoder when testing transformers)."""
+    the pairing reference (transformers on the same weights; posenc's decoder when testing transformers).
+    `kv_dtype` ("FORMAT:pre|post", posenc's engine only): every cache the engine makes is quantized."""
     import importlib.util
 
     from ..models import load_tokenizer
@@ -170,6 +171,9 @@ def build_subject(model_path: str, factory: Callable[..., Any], *, engine_name: 
         reference = engines.posenc_engine
     else:
         reference = engines.transformers_engine if importlib.util.find_spec("transformers") else None
+    if kv_dtype is not None:
+        factory = engines.with_kv_dtype(factory, kv_dtype)
     subject = Subject(factory, model_path, config, ids, tokenizer=tokenizer, reference=reference, dtype=dtype,
                       name=engine_name)
+    subject.kv_dtype = kv_dtype
     return subject, facts

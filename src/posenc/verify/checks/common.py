@@ -101,6 +101,7 @@ class Subject:
         self.factory, self.model_path, self.config = factory, model_path, config
         self.text_ids, self.tokenizer, self.reference, self.dtype = text_ids, tokenizer, reference, dtype
         self.mrope_builder, self.name = mrope_builder, name
+        self.kv_dtype: str | None = None  # set by build_subject for `verify --kv-dtype` (e.g. "int4:pre")
         self.trained = tokenizer is not None if trained is None else trained  # random weights: no physics bounds
         self._engines: dict[str, Any] = {}  # the two most recent (the plain one and a rule, typically)
         self.load_seconds = 0.0

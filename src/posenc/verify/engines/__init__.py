@@ -31,7 +31,7 @@ import torch
 from ...errors import fail
 
 __all__ = ["ENGINES", "load_factory", "posenc_engine", "transformers_engine", "transformers_patched_engine",
-           "llamacpp_engine", "vllm_engine",
+           "llamacpp_engine", "vllm_engine", "with_kv_dtype",
            "split_scaling", "model_config"]
 
 
@@ -87,6 +87,20 @@ def posenc_engine(model_path: str, rope_scaling: dict | None, dtype: torch.dtype
         model = Decoder.from_hf_config(cfg)
     model.load_state_dict(state, assign=True)
     return model.to(dtype).eval()
+
+
+def with_kv_dtype(factory: Callable[..., Any], kv_dtype: str) -> Callable[..., Any]:
+    """`factory` whose engines (posenc Decoders) make `QuantizedKVCache`s: kv_dtype "FORMAT:pre" stores keys
+    per channel before RoPE (unrotated), "FORMAT:post" per token after it (rotated)."""
+    name, _, keys = kv_dtype.partition(":")
+    store = "unrotated" if keys == "pre" else "rotated"
+
+    def make(model_path: str, rope_scaling: dict | None, dtype: torch.dtype) -> Any:
+        engine = factory(model_path, rope_scaling, dtype)
+        plain = engine.new_cache
+        engine.new_cache = lambda batch_size, capacity: plain(batch_size, capacity, store=store, kv_dtype=name)
+        return engine
+    return make
 
 
 class _HFCache:

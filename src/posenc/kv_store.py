@@ -1,0 +1,83 @@
+"""Quantized per-layer storage for `KVCache`: `QuantStore`, a `posenc.cache.KVStore` over two parts.
+
+Keys are a `posenc.kv_channel.ChannelStore` (per channel, in blocks of `group` tokens, before RoPE) or a
+`posenc.kv_codes.TokenStore` (per token); values are always a `TokenStore`. `QuantizedKVCache` passes
+`QuantStore` to `KVCache(make_store=...)`, so the cache's own append path, edits and policies run over it.
+
+Host syncs: `read`, `copy_slots`, `reorder` make none. `write` makes none for the casts float32 and
+bfloat16; the other formats check the range on the host (`kv_quant.check_block`), and the per-channel key
+store also reads each row's fill on the host (a sync per row) to know which blocks fill.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from .kv_channel import RESIDUAL, ChannelStore
+from .kv_codes import TokenStore
+from .kv_quant import KVFormat
+
+__all__ = ["QuantStore", "TokenStore", "ChannelStore", "DEFAULT_GROUP", "RESIDUAL"]
+
+DEFAULT_GROUP = 64  # tokens per per-channel block: its d float16 stats cost as much per token as per-token stats at d=64
+
+
+class QuantStore:
+    """One layer's quantized keys and values: a `KVStore` (see `posenc.cache.storage`) over two parts.
+
+    Args:
+        batch_size, num_kv_heads, capacity, head_dim, value_dim: b, hk, slots per row, d, dv (default d).
+        dtype, device: the compute dtype (`read` returns it; the per-channel residual keeps it), the device.
+        layers: unused (the `ContiguousStore` signature). fmt: the `KVFormat`. group: tokens per key block.
+        key_axis: "channel" (keys per channel in blocks, before RoPE) or "token".
+    Attributes:
+        keys: a `ChannelStore` or `TokenStore`; values: a `TokenStore`.
+    """
+
+    def __init__(self, batch_size: int, num_kv_heads: int, capacity: int, head_dim: int,
+                 value_dim: int | None = None, *, dtype: torch.dtype = torch.float32, device: Any = None,
+                 layers: int = 1, fmt: KVFormat, group: int = DEFAULT_GROUP, key_axis: str = "token") -> None:
+        b, hk, dv = batch_size, num_kv_heads, head_dim if value_dim is None else value_dim
+        if key_axis == "channel":
+            self.keys: TokenStore | ChannelStore = ChannelStore(fmt, (b, hk, capacity, head_dim), dtype, device, group)
+        else:
+            self.keys = TokenStore(fmt, (b, hk, capacity, head_dim), dtype, device)
+        self.values = TokenStore(fmt, (b, hk, capacity, dv), dtype, device)
+
+    @property
+    def capacity(self) -> int:
+        return self.keys.capacity
+
+    @property
+    def nbytes(self) -> int:
+        return self.keys.nbytes + self.values.nbytes
+
+    def write(self, rows: torch.Tensor, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor | None) -> None:
+        """As `KVStore.write`; keys and values are checked (format range, per-channel slot order) before
+        anything is written, so a refused call changes nothing."""
+        self.keys.check(k, "k")
+        if v is not None:
+            self.values.check(v, "v")
+        if isinstance(self.keys, ChannelStore):
+            self.keys.check_slots(rows, slots)
+        self.keys.write(rows, slots, k)
+        if v is not None:
+            self.values.write(rows, slots, v)
+
+    def read(self) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.keys.read(), self.values.read()  # fresh [b, hk, cap, d], [b, hk, cap, dv]
+
+    def copy_slots(self, src_rows: torch.Tensor, src_slots: torch.Tensor, dst_rows: torch.Tensor,
+                   dst_slots: torch.Tensor) -> None:
+        for part in (self.keys, self.values):
+            part.copy(src_rows, src_slots, dst_rows, dst_slots)
+
+    def reorder(self, index: torch.Tensor) -> None:
+        for part in (self.keys, self.values):
+            part.reorder(index)
+
+    def grow(self, capacity: int) -> None:
+        for part in (self.keys, self.values):
+            part.grow(capacity)

@@ -1,0 +1,63 @@
+"""`posenc verify --kv-dtype`: posenc's engine with a quantized cache; consistency thresholds grow by the
+format's noise (the constants fixed in verify/checks/consistency.py, recomputed here by hand)."""
+
+import pytest
+import torch
+
+pytest.importorskip("transformers")
+pytest.importorskip("safetensors")
+
+from posenc.cli import main  # noqa: E402
+from posenc.kv_cache_quant import QuantizedKVCache  # noqa: E402
+from posenc.verify import run_checks  # noqa: E402
+from posenc.verify import runner  # noqa: E402
+from posenc.verify.checks.consistency import cache_tol, logit_tol  # noqa: E402
+from posenc.verify.engines import posenc_engine  # noqa: E402
+from verify_tiny import BUDGET, save_tiny  # noqa: E402
+
+ROWS = ["relativity", "prefill-decode", "batch-padding"]
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    return save_tiny(tmp_path_factory.mktemp("tiny"))
+
+
+def test_thresholds_scale_with_the_format():
+    by_hand = {"int8": 96 / 510, "int4": 96 / 30, "fp8": 96 / 16, "bfloat16": 96 / 256, "float16": 96 / 2048}
+    for name, extra in by_hand.items():
+        for keys in ("pre", "post"):
+            assert logit_tol(torch.float32, f"{name}:{keys}") == pytest.approx(1e-4 + extra, rel=1e-12)
+    assert logit_tol(torch.float32) == logit_tol(torch.float32, "float32:pre") == 1e-4
+
+
+@pytest.mark.parametrize("kv_dtype", ["int8:pre", "int8:post", "int4:pre"])
+def test_consistency_rows_run_on_the_quantized_cache(tiny, kv_dtype):
+    subject = runner.build_subject(tiny, posenc_engine, engine_name="posenc", dtype=torch.float32, tokens=4096,
+                                   kv_dtype=kv_dtype)[0]
+    engine = subject.engine(None)
+    cache = engine.new_cache(1, 8)
+    assert isinstance(cache, QuantizedKVCache) and cache.format.name == kv_dtype.split(":")[0]
+    assert cache.key_axis == ("channel" if kv_dtype.endswith("pre") else "token")
+    rows = {r.name: r for r in run_checks(subject, BUDGET, ROWS)}
+    tol = cache_tol(subject)
+    for name in ROWS:
+        assert rows[name].status == "pass", (name, rows[name].measured)
+    decode = rows["prefill-decode"].measured["max_abs_logit_diff"]
+    assert logit_tol(torch.float32) < decode <= tol  # the cache really is quantized, and within the stated noise
+    assert f"{tol:.4g}"[:4] in rows["prefill-decode"].thresholds["max_abs_logit_diff"]
+    assert kv_dtype in rows["relativity"].thresholds["worst_diff_over_tolerance"]
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--kv-dtype", "int3"], "--kv-dtype: expected one of ('float32'"),
+    (["--kv-dtype", "int4:mid"], "--kv-dtype: expected one of ('pre', 'post')"),
+    (["--kv-dtype", "int8", "--engine", "transformers"], "--kv-dtype: expected --engine posenc"),
+    (["--kv-dtype", "int8", "--self-test"], "--kv-dtype: expected --engine posenc (without --self-test)")])
+def test_bad_kv_dtype_is_refused_before_anything_runs(tmp_path, capsys, monkeypatch, argv, message):
+    def no_run(*args, **kwargs):
+        raise AssertionError("checks ran before the arguments were refused")
+    monkeypatch.setattr(runner, "run_checks", no_run)
+    monkeypatch.setattr(runner, "build_subject", no_run)
+    assert main(["verify", "--checks", "prefill-decode", "--out", str(tmp_path / "r"), *argv]) == 2
+    assert message in capsys.readouterr().err
