@@ -1,6 +1,6 @@
 """`posenc verify`: the validation table (relativity, prefill-decode, batch-padding, pairing,
-length-boundaries, position-scan, short-context, multimodal, rules-vs-reference, prefix-caching) on a
-real model and any engine (foreign ones out of process: `posenc.verify.engines`).
+length-boundaries, position-scan, short-context, multimodal, rules-vs-reference, prefix-caching,
+chunked-prefill) on a real model and any engine (foreign ones out of process: `posenc.verify.engines`).
 
 Rows are `Row` values with measured numbers, thresholds and pass/fail; `run_checks` runs them on a
 `Subject` (an engine factory, a checkpoint and text); `self_test` injects each failure mode of the seed
@@ -8,7 +8,7 @@ into posenc's engine (`faults`) and shows its row catching it. Imported lazily b
 
     >>> from posenc.verify import CHECKS
     >>> len(CHECKS)
-    10
+    11
 """
 
 from .checks.common import BUDGETS, Budget, Row, Subject
