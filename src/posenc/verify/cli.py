@@ -21,7 +21,7 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     p = sub.add_parser("verify", help="run the position-handling validation table on a real model",
                        description="Run every row of the validation table (relativity, prefill-decode, "
                                    "batch-padding, pairing, length-boundaries, position-scan, short-context, "
-                                   "multimodal) on a checkpoint with posenc's decoder or another engine; write a "
+                                   "multimodal, rules-vs-reference, prefix-caching, chunked-prefill) on a checkpoint with posenc's decoder or another engine; write a "
                                    "report folder; exit 1 when a row fails.")
     p.add_argument("--engine", default="posenc", help="posenc | transformers | llama-cpp | vllm | openai:URL | "
                                                       "MODULE:FACTORY (llama-cpp and vllm: run `posenc setup-engine "
