@@ -117,6 +117,14 @@ def test_llamacpp_rule_mapping_and_gaps():
         "rope_parameters": {"rope_type": "dynamic", "factor": 2.0}, "max_position_embeddings": 64}
 
 
+def test_prefix_caching_needs_cached_tokens_and_counts_them(tiny):
+    rows = run_checks(subject(tiny, hosted("scoring")), BUDGET, ["prefix-caching"])
+    assert rows[0].status == "pass" and rows[0].measured["cached_tokens_repeat"] == 160 - 32 \
+        and rows[0].measured["cached_tokens_shared"] == 128, rows[0].measured  # whole blocks of 32
+    rows = run_checks(subject(tiny, hosted("scoring", "no-prefix-cache")), BUDGET, ["prefix-caching"])
+    assert rows[0].status == "skipped" and "no cached tokens" in rows[0].skipped, rows[0].measured
+
+
 def test_an_engine_that_refuses_gaps_gets_relativity_na_not_a_pass(tiny):
     # llama.cpp keeps a sequence's positions consecutive; without the gap, shifted copies cannot fail an engine
     # that ignores positions, so the row is n/a with the reason (and what it measured), never a pass.
@@ -157,9 +165,12 @@ def server(tiny, request):
 def test_openai_engine_against_a_local_server(tiny, server):
     from posenc.verify.engines import load_factory
 
-    names = ["pairing", "prefill-decode", "batch-padding", "prefix-caching", "rules-vs-reference", "relativity"]
+    names = ["pairing", "prefill-decode", "batch-padding", "rules-vs-reference", "prefix-caching", "relativity"]
     rows = {r.name: r for r in run_checks(subject(tiny, load_factory(f"openai:{server}")), BUDGET, names)}
-    assert [n for n in names[:5] if rows[n].status != "pass"] == [], {n: rows[n].measured for n in names}
+    assert [n for n in names[:4] if rows[n].status != "pass"] == [], {n: rows[n].measured for n in names}
+    # the stdlib server reports no cached tokens (usage has no prompt_tokens_details): equal logprobs prove nothing
+    assert rows["prefix-caching"].skipped.startswith("n/a: the engine reported no cached tokens")
+    assert rows["prefix-caching"].measured["repeat_max_abs_logprob_diff"] <= 2e-4
     assert rows["pairing"].measured["max_abs_logprob_diff"] <= 2e-4
     assert list(rows["rules-vs-reference"].details["per_rule"]) == ["default"]  # the server's rule is fixed
     assert "linear" in rows["rules-vs-reference"].measured["not_implemented"]

@@ -26,6 +26,7 @@ class Fake:
     def __init__(self, model_path, rule, fault, chunk=None):
         self.engine = posenc_engine(model_path, rule, torch.float32)
         self.fault, self.caches, self.handle, self.chunk = fault, {}, 0, chunk
+        self.seen = []  # prompts generated from: a prefix cache in blocks of 32 tokens, as vLLM reports it
 
     def new_cache(self, batch_size):
         self.handle += 1
@@ -90,12 +91,16 @@ class Fake:
 
     def generate(self, ids, n, positions=None):
         ids, lps = list(ids), []
+        common = max((next((i for i, (a, b) in enumerate(zip(p, ids)) if a != b), min(len(p), len(ids)))
+                      for p in self.seen), default=0)
+        cached = 0 if self.fault == "no-prefix-cache" else min(common, len(ids) - 1) // 32 * 32
+        self.seen.append(list(ids))
         for _ in range(n):
             logits = self._logits(ids, positions)[-1]
             tok = int(logits.argmax())
             lps.append(float(torch.log_softmax(logits.double(), -1)[tok]))
             ids.append(tok)
-        return {"tokens": np.array(ids[-n:]), "logprobs": np.array(lps), "cached_tokens": 0}
+        return {"tokens": np.array(ids[-n:]), "logprobs": np.array(lps), "cached_tokens": cached}
 
 
 def load(model_path, rule=None, fault=None, chunk=None):

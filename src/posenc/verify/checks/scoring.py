@@ -125,6 +125,11 @@ def prefix_caching(subject: Subject, budget: Budget, progress: Any = None) -> Ro
             measured[f"{key}_reference_max_abs_logprob_diff"] = _max(torch.from_numpy(g["logprobs"]), lp[len(q) - 1:])
     tol = _tol(subject)
     worst = max(v for k, v in measured.items() if k.endswith("diff"))
+    if not (measured["cached_tokens_repeat"] or measured["cached_tokens_shared"]):
+        # equal logprobs prove nothing about a cache that was never read: n/a, with what was measured
+        return Row("prefix-caching", None, measured, skipped="n/a: the engine reported no cached tokens, so its "
+                   "prefix cache was not exercised (vLLM's server reports them only with "
+                   "--enable-prompt-tokens-details)")
     return Row("prefix-caching", worst <= tol, measured, {"*_diff": f"<= {fmt(tol)}"},
                explanation="generated-token logprobs (prompt logprobs bypass vLLM's prefix cache) of a prompt "
                            "run twice and of one sharing its first 128 tokens, vs the first run and the reference")
