@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from .cache.storage import reorder_buffer
 from .errors import fail
 from .kv_codes import TokenStore, _as_codes, _bits, _codes, _regrow
 from .kv_quant import Encoded, KVFormat, decode, encode
@@ -157,11 +158,7 @@ class ChannelStore:
     def reorder(self, index: torch.Tensor) -> None:
         """Rows become the old rows `index`; forked rows share block ids (the pool is the layer's)."""
         for name in ("codes", "block", "residual"):
-            t = getattr(self, name)
-            if index.shape[0] == t.shape[0]:
-                t.copy_(t[index])
-            else:
-                setattr(self, name, t[index])
+            setattr(self, name, reorder_buffer(getattr(self, name), index))
 
     def grow(self, capacity: int) -> None:
         old = self.capacity

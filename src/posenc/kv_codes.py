@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from .cache.storage import allocate
+from .cache.storage import allocate, copy_buffer_slots, reorder_buffer, scratch_slots
 from .kv_quant import Encoded, KVFormat, check_block, decode, encode
 
 __all__ = ["TokenStore"]
@@ -83,7 +83,7 @@ class TokenStore:
         check_block(x, self.fmt, arg)
 
     def _slot(self, slots: torch.Tensor) -> torch.Tensor:
-        return torch.where(slots < 0, self.capacity, slots)  # [n]; -1 -> the scratch slot
+        return scratch_slots(slots, self.capacity)  # [n]; -1 -> the scratch slot
 
     def write(self, rows: torch.Tensor, slots: torch.Tensor, x: torch.Tensor) -> None:
         """Encode `x [n, h, d]` per token into `(rows [n], slots [n])` (-1: padding). Call `check` first."""
@@ -103,19 +103,13 @@ class TokenStore:
     def copy(self, src_rows: torch.Tensor, src_slots: torch.Tensor, dst_rows: torch.Tensor,
              dst_slots: torch.Tensor) -> None:
         """`KVStore.copy_slots` on codes and statistics: moved as stored, never re-encoded."""
-        clear = (src_slots < 0)[:, None, None]  # [n, 1, 1]
-        src, dst = (src_rows, self._slot(src_slots)), (dst_rows, self._slot(dst_slots))
-        for buf in self.tensors():
-            view = buf.transpose(1, 2)  # [b, cap+1, h, .]
-            view.index_put_(dst, view[src].masked_fill(clear, 0))  # sources read before any write
+        copy_buffer_slots(self.tensors(), (src_rows, self._slot(src_slots)), (dst_rows, self._slot(dst_slots)),
+                          (src_slots < 0)[:, None, None])
 
     def reorder(self, index: torch.Tensor) -> None:
         for name in ("codes", "scale", "offset"):
-            t = getattr(self, name)
-            if t is not None and index.shape[0] == t.shape[0]:
-                t.copy_(t[index])  # in place: [b, h, cap+1, .]
-            elif t is not None:
-                setattr(self, name, t[index])
+            if getattr(self, name) is not None:
+                setattr(self, name, reorder_buffer(getattr(self, name), index))  # [b', h, cap+1, .]
 
     def grow(self, capacity: int) -> None:
         old = self.capacity

@@ -65,6 +65,27 @@ class KVStore(Protocol):
     def nbytes(self) -> int: ...
 
 
+def scratch_slots(slots: torch.Tensor, capacity: int) -> torch.Tensor:
+    """`slots [n]` with padding (-1) sent to the scratch slot `capacity` of a store's `[b, h, capacity + 1, .]`
+    buffers, so a write or copy is one `index_put_` of fixed shape (no `nonzero`, no host sync)."""
+    return torch.where(slots < 0, capacity, slots)  # [n]
+
+
+def copy_buffer_slots(buffers: Any, src: tuple[torch.Tensor, torch.Tensor], dst: tuple[torch.Tensor, torch.Tensor],
+                      clear: torch.Tensor) -> None:
+    """`KVStore.copy_slots` on `[b, h, cap+1, .]` buffers: `(rows, scratch_slots)` `src` -> `dst`, sources read
+    before any write; where `clear [n, 1, 1]` the destination is zeroed (a source of -1)."""
+    for buf in buffers:
+        view = buf.transpose(1, 2)  # [b, cap+1, h, .]
+        view.index_put_(dst, view[src].masked_fill(clear, 0))  # [n, h, .]
+
+
+def reorder_buffer(buf: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """`buf [b, ...]` with its rows in `index [b']` order: `buf` itself, copied in place, when b' == b (callers'
+    references stay valid); otherwise a gathered new tensor."""
+    return buf.copy_(buf[index]) if index.shape[0] == buf.shape[0] else buf[index]
+
+
 def allocate(shape: tuple[int, ...], dtype: torch.dtype, device: Any, arg: str, value: int,
              total_bytes: int) -> torch.Tensor:
     """A zeroed tensor; a size no element count or memory holds is refused naming `arg` (the culprit)."""
@@ -114,30 +135,19 @@ class ContiguousStore:
     def read(self) -> tuple[torch.Tensor, torch.Tensor]:
         return self._k[:, :, :self.capacity], self._v[:, :, :self.capacity]  # views [b, hk, cap, d]
 
-    def _slot(self, slots: torch.Tensor) -> torch.Tensor:
-        return torch.where(slots < 0, self.capacity, slots)  # [n]; -1 -> the scratch slot
-
     def write(self, rows: torch.Tensor, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor | None) -> None:
-        at = (rows, self._slot(slots))
+        at = (rows, scratch_slots(slots, self.capacity))
         self._k.transpose(1, 2).index_put_(at, k.to(self._k.dtype))  # [b, cap+1, hk, d] <- [n, hk, d]
         if v is not None:
             self._v.transpose(1, 2).index_put_(at, v.to(self._v.dtype))
 
     def copy_slots(self, src_rows: torch.Tensor, src_slots: torch.Tensor, dst_rows: torch.Tensor,
                    dst_slots: torch.Tensor) -> None:
-        clear = (src_slots < 0)[:, None, None]  # [n, 1, 1]
-        src, dst = (src_rows, self._slot(src_slots)), (dst_rows, self._slot(dst_slots))
-        for buf in (self._k, self._v):
-            view = buf.transpose(1, 2)  # [b, cap+1, hk, d]
-            moved = view[src].masked_fill(clear, 0)  # [n, hk, d]: read before any write
-            view.index_put_(dst, moved)
+        copy_buffer_slots((self._k, self._v), (src_rows, scratch_slots(src_slots, self.capacity)),
+                          (dst_rows, scratch_slots(dst_slots, self.capacity)), (src_slots < 0)[:, None, None])
 
     def reorder(self, index: torch.Tensor) -> None:
-        if index.shape[0] == self._k.shape[0]:
-            self._k.copy_(self._k[index])  # [b, hk, cap+1, d]: gathered first, then copied in place
-            self._v.copy_(self._v[index])
-        else:  # another batch size: new buffers
-            self._k, self._v = self._k[index], self._v[index]
+        self._k, self._v = reorder_buffer(self._k, index), reorder_buffer(self._v, index)  # [b', hk, cap+1, d]
 
     def grow(self, capacity: int) -> None:
         b, hk, _, d = self._k.shape
