@@ -24,7 +24,6 @@
 #define PREFETCH_ROW(px, bytes)                                                                       \
     if (px)                                                                                           \
         for (int64_t line = 0; line < (bytes); line += 64) __builtin_prefetch((const char *)(px) + line, 1, 3)
-/* fresh outputs from this size on are advised huge pages and written with streaming stores */
 #ifndef HEAD_GROUP
 /* heads walked side by side when tokens are inner, for 2-byte types (a bf16 data row is half a table row, so
  * sharing table rows pays; a float32 row is as large as a table row and one stream per head was faster) */
