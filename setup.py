@@ -14,10 +14,11 @@ _spec = importlib.util.spec_from_file_location("_posenc_build", Path(__file__).p
 build = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(build)  # standard library only: no torch at build time
 
-SOURCE = "src/posenc/kernels/rope_cpu.c"
-key = build.build_key(Path(__file__).parent / SOURCE)
+FOLDER = "src/posenc/kernels"  # relative paths: setuptools wants them so
+key = build.build_key(Path(__file__).parent / FOLDER)  # every source and header, as build.load checks it
 
 setup(ext_modules=[Extension(
-    "posenc.kernels." + build.INSTALLED_NAME, [SOURCE],
+    "posenc.kernels." + build.INSTALLED_NAME, [f"{FOLDER}/{name}" for name in build.SOURCES],
+    depends=[f"{FOLDER}/{name}" for name in build.HEADERS],  # an edited header rebuilds
     extra_compile_args=[*build.COMPILE_FLAGS, "-march=native", build.key_define(key)],
     extra_link_args=["-pthread"], optional=True)])

@@ -1,6 +1,7 @@
 """The `posenc` command line, run in-process through `posenc.cli.main` (and once as `python -m posenc`)."""
 
 import json
+import re
 import subprocess
 import sys
 
@@ -139,6 +140,9 @@ def test_version(capsys):
     version, kernel = capsys.readouterr().out.splitlines()
     assert version == f"posenc {posenc.__version__}"
     assert kernel == build.describe() and kernel.startswith(("cpu kernel: ", "reference ("))
+    # which library runs and where it was loaded from: the install-time build or the first-use cache
+    assert re.fullmatch(r"cpu kernel: (installed build \S+|(installed build .+; )?first-use build \S+)|reference \(.+\)",
+                        kernel), kernel
 
 
 @pytest.mark.parametrize("argv, module, extra", [

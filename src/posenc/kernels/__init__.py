@@ -1,8 +1,8 @@
 """Fast RoPE implementations, each chosen out loud with `impl=` and imported lazily.
 
 - `"reference"`: `posenc.rope.apply.apply_rope`, plain torch (the oracle; never imports a kernel).
-- `"cpu"`: a C kernel (`rope_cpu.c`, launched by `cpu.py`) built on first use: q and k in one pass,
-  in place or allocating, bit-identical to the reference.
+- `"cpu"`: a C kernel (`rope_cpu.c`, `rope_tile.c`, `rope_pool.c`; launched by `cpu.py`) built at install or on
+  first use (`build.py`): q and k in one pass, in place or allocating, bit-identical to the reference.
 - `"compiled"`: the reference rotation under `torch.compile(dynamic=True)` (`compiled.py`).
 - `"triton"`: one Triton kernel for q and k (`triton_rope.py`), forward and backward, tables or
   angles computed on the fly; a fused rope + KV-cache append (`triton_append.py`).

@@ -1,16 +1,18 @@
-"""Build and load the C kernel library (`rope_cpu.c`, beside this file); nothing here knows its ABI.
+"""Build and load the C kernel library (`SOURCES` and `HEADERS`, beside this file); nothing here knows its ABI.
 
 Two places, in order (`load`):
 
 1. The library built when the package was installed (`setup.py`: `posenc/kernels/_rope_cpu<ext suffix>`), used
-   only when the key compiled into it (`posenc_build_key()`) equals `build_key()` here: same source, flags and
-   CPU. `-march=native` makes it CPU-specific, so a wheel or a shared install built elsewhere is refused.
+   only when the key compiled into it (`posenc_build_key()`) equals `build_key()` here: same source files,
+   flags and CPU. `-march=native` makes it CPU-specific, so a wheel or a shared install built elsewhere is
+   refused.
 2. Else a first-use build with the system C compiler (`$CC`, else gcc, cc or clang) into a per-user cache
    (`$POSENC_CACHE_DIR`, else `$XDG_CACHE_HOME/posenc` or `~/.cache/posenc`), keyed by the same key and the
-   compiler, so a fresh machine builds it once (well under a second) and never again.
+   compiler, so a fresh machine builds it once (seconds) and never again.
 
-When neither works, one warning names why and the callers run the reference. This file imports only the
-standard library: `setup.py` loads it by path to compute the key at install time.
+When neither works (or a source file is missing, so that no key can be computed), one warning names why and
+the callers run the reference. This file imports only the standard library: `setup.py` loads it by path to
+compute the key and name the sources at install time.
 """
 
 from __future__ import annotations
@@ -27,11 +29,15 @@ import tempfile
 import warnings
 from pathlib import Path
 
-__all__ = ["library", "describe", "load", "build_key", "installed_library", "FLAGS", "COMPILE_FLAGS", "SOURCE"]
+__all__ = ["library", "describe", "load", "build_key", "installed_library", "missing_files", "FLAGS",
+           "COMPILE_FLAGS", "FOLDER", "SOURCES", "HEADERS", "KERNEL_FILES"]
 
 COMPILE_FLAGS = ["-O3", "-ffp-contract=off", "-std=gnu11", "-pthread"]  # no FMA: bit-exact vs the reference
 FLAGS = [*COMPILE_FLAGS, "-fPIC", "-shared"]
-SOURCE = Path(__file__).with_name("rope_cpu.c")
+FOLDER = Path(__file__).parent  # where the kernel's source files are (installed as package data)
+SOURCES = ("rope_cpu.c", "rope_tile.c", "rope_pool.c")  # compiled together into the one library
+HEADERS = ("rope_tile.h", "rope_simd.h", "rope_pool.h")  # included by them (not on the command line)
+KERNEL_FILES = SOURCES + HEADERS  # every file the library is built from: all of them are in its key
 INSTALLED_NAME = "_rope_cpu"  # setup.py's Extension("posenc.kernels._rope_cpu"); no PyInit, loaded with ctypes
 
 
@@ -72,9 +78,16 @@ def _cpu_signature() -> str:
     return platform.processor()
 
 
-def build_key(source: Path = SOURCE) -> str:
-    """What a library built here from `source` must report: a hash of the source, flags and CPU."""
-    parts = [source.read_bytes(), " ".join(FLAGS).encode(), platform.machine().encode(), _cpu_signature().encode()]
+def missing_files(folder: Path = FOLDER) -> list[str]:
+    """The names in `KERNEL_FILES` that are not files in `folder` (a broken install when any)."""
+    return [name for name in KERNEL_FILES if not (folder / name).is_file()]
+
+
+def build_key(folder: Path = FOLDER) -> str:
+    """What a library built here from the `KERNEL_FILES` in `folder` must report: a hash of every one of them
+    (name and bytes), the flags and the CPU. Raises `OSError` when one cannot be read (`missing_files`)."""
+    parts = [name.encode() + b"\0" + (folder / name).read_bytes() for name in KERNEL_FILES]
+    parts += [" ".join(FLAGS).encode(), platform.machine().encode(), _cpu_signature().encode()]
     return hashlib.sha256(b"\0".join(parts)).hexdigest()[:16]
 
 
@@ -83,7 +96,7 @@ def key_define(key: str) -> str:
     return f'-DPOSENC_BUILD_KEY="{key}"'
 
 
-def installed_library(folder: Path = SOURCE.parent) -> Path | None:
+def installed_library(folder: Path = FOLDER) -> Path | None:
     """The library the package install built into `folder`, if there is one."""
     for suffix in importlib.machinery.EXTENSION_SUFFIXES:
         path = folder / (INSTALLED_NAME + suffix)
@@ -92,13 +105,13 @@ def installed_library(folder: Path = SOURCE.parent) -> Path | None:
     return None
 
 
-def _compile(cc: str, source: Path, target: Path, key: str) -> None:
+def _compile(cc: str, folder: Path, target: Path, key: str) -> None:
     target.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
         out = Path(tmp) / target.name
         errors = []
         for arch in (["-march=native"], []):  # some compilers (or CPUs) reject -march=native
-            cmd = [cc, *FLAGS, *arch, key_define(key), "-o", str(out), str(source)]
+            cmd = [cc, *FLAGS, *arch, key_define(key), "-o", str(out), *(str(folder / name) for name in SOURCES)]
             proc = subprocess.run(cmd, capture_output=True, text=True)
             if proc.returncode == 0:
                 os.replace(out, target)  # atomic: concurrent builders never see a half-written library
@@ -118,11 +131,15 @@ def _key_of(lib: ctypes.CDLL) -> str | None:
     return raw.decode() if raw else None
 
 
-def load(installed: Path | None, source: Path = SOURCE) -> tuple[ctypes.CDLL | None, str]:
+def load(installed: Path | None, folder: Path = FOLDER) -> tuple[ctypes.CDLL | None, str]:
     """The library and a line saying which one (`describe`), or None and why none; not cached.
 
-    `installed` is the install-time build to try first (None: none). Warns once when nothing loads."""
-    key = build_key(source)
+    `installed` is the install-time build to try first (None: none); `folder` holds the `KERNEL_FILES` it must
+    match (and a first-use build compiles). Warns once when nothing loads."""
+    lost = missing_files(folder)
+    if lost:  # no key to check an installed build against, nothing to compile
+        return _unavailable(f"kernel source files missing from {folder}: {', '.join(lost)} (reinstall posenc)")
+    key = build_key(folder)
     refused = ""
     if installed is not None:
         try:
@@ -134,16 +151,19 @@ def load(installed: Path | None, source: Path = SOURCE) -> tuple[ctypes.CDLL | N
             if found == key:
                 return lib, f"cpu kernel: installed build {installed}"
             refused = f"installed build {installed} has key {found}, this machine and source need {key}; "
-    why = _first_use(source, key)
+    why = _first_use(folder, key)
     if not isinstance(why, str):
         return why, f"cpu kernel: {refused}first-use build {why._name}"
-    why = refused + why
+    return _unavailable(refused + why)
+
+
+def _unavailable(why: str) -> tuple[None, str]:
     warnings.warn(f"posenc: the C kernel is unavailable, the reference runs instead (much slower): {why}",
                   RuntimeWarning, stacklevel=1)
     return None, f"reference ({why})"
 
 
-def _first_use(source: Path, key: str) -> ctypes.CDLL | str:
+def _first_use(folder: Path, key: str) -> ctypes.CDLL | str:
     cc = os.environ.get("CC") or shutil.which("gcc") or shutil.which("cc") or shutil.which("clang")
     if not cc:
         return "no C compiler found (set $CC or install gcc)"
@@ -153,10 +173,10 @@ def _first_use(source: Path, key: str) -> ctypes.CDLL | str:
         return target
     try:
         if not target.exists():
-            _compile(cc, source, target, key)
+            _compile(cc, folder, target, key)
         return ctypes.CDLL(str(target))
     except OSError as exc:
-        return f"building {source.name} with {cc} failed: {exc}"
+        return f"building {', '.join(SOURCES)} with {cc} failed: {exc}"
 
 
 @functools.lru_cache(maxsize=None)  # one dlopen per process: the loaded library is the process's anyway

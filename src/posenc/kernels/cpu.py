@@ -1,4 +1,5 @@
-"""Launcher of the C RoPE kernel (`rope_cpu.c`, beside this file), called through ctypes: a leaf.
+"""Launcher of the C RoPE kernel (`rope_cpu.c`, `rope_tile.c`, `rope_pool.c` and their headers, beside this
+file), called through ctypes: a leaf.
 
 The kernel takes tensors and nothing else: q and k (`[b, h, t, d]` views, any strides), their outputs
 (which may be q and k themselves), per-pair float32 tables `cos`/`sin` `[n, r/2]`, the table row of each
@@ -31,12 +32,12 @@ __all__ = ["available", "rope", "advise_huge_pages", "fits", "RopeArgs", "DTYPES
 
 PAIRING_CODES = {"split_half": 0, "interleaved": 1, "interleaved_to_split_half": 2}
 DTYPES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2, torch.float64: 3}
-MAX_ROTARY_DIM, MAX_HEAD_DIM = 2048, 4096  # rope_cpu.c's row buffers: MAX_HALF pairs, 2 * MAX_HALF + 2048 channels
+MAX_ROTARY_DIM, MAX_HEAD_DIM = 2048, 4096  # rope_tile.h's row buffers: MAX_HALF pairs, 2 * MAX_HALF + 2048 channels
 BAD_ARGUMENTS = -(1 << 62)  # the kernel's answer to arguments it cannot take
 OVERLAP = BAD_ARGUMENTS + 1  # its answer, with FLAG_CHECK_OVERLAP, to q and k whose memory ranges meet
 FLAG_HUGE_PAGES = 1  # RopeArgs.flags: advise huge pages on fresh outputs of >= 4 MiB
 FLAG_CHECK_OVERLAP = 2  # RopeArgs.flags: return OVERLAP (nothing written) when q's and k's memory ranges meet
-LARGE_OUTPUT_BYTES = 4 << 20  # rope_cpu.c's threshold for huge pages
+LARGE_OUTPUT_BYTES = 4 << 20  # rope_tile.h's threshold for huge pages
 
 
 class RopeArgs(ctypes.Structure):
