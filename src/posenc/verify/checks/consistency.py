@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 
+from ...kv_quant import kv_format
 from .common import Budget, Row, Subject, boundary_rules, fmt, max_diff, spread, top1_agree, within, worst
 
 __all__ = ["relativity", "prefill_decode", "batch_padding", "LOGIT_TOL", "logit_tol", "cache_tol", "SPREAD_RATIO",
@@ -163,9 +164,9 @@ def _decode_vs_full(subject: Subject, engine: Any, ids: torch.Tensor, prefill: i
     pos = (lambda a, b: torch.arange(a, b)[None]) if explicit else (lambda a, b: None)
     first = engine.forward(ids[:, :prefill], cache=cache, position_ids=pos(0, prefill))
     steps = [engine.forward(ids[:, j:j + 1], cache=cache, position_ids=pos(j, j + 1)) for j in range(prefill, n)]
-    # a length-dependent table, or a quantized cache (a per-channel store encodes a block when it fills, so a
-    # step's reference holds the blocks full at that step): step j must equal a full forward over tokens 0..j
-    if per_step_full or getattr(subject, "kv_dtype", None) is not None:
+    # a length-dependent table, or keys quantized per channel (a block is encoded when it fills, so a step's
+    # reference holds the blocks full at that step): step j must equal a full forward over tokens 0..j
+    if per_step_full or _blocks(subject):
         fulls = [reference(subject, engine, ids[:, :j + 1])[:, -1:] for j in range(prefill, n)]
         ref_prefill = reference(subject, engine, ids[:, :prefill])
     else:
@@ -219,6 +220,12 @@ def prefill_decode(subject: Subject, budget: Budget, progress: Any = None) -> Ro
                explanation="prefill then token-by-token decode (positions derived, and explicit) vs one full "
                            "forward over the same tokens; rules decode across their (reduced) L0",
                details={"per_rule": per_rule})
+
+
+def _blocks(subject: Subject) -> bool:
+    """Whether the subject's cache quantizes keys per channel in blocks (`verify --kv-dtype FORMAT:pre`)."""
+    name, _, keys = (getattr(subject, "kv_dtype", None) or "").partition(":")
+    return keys == "pre" and kv_format(name).kind != "cast"
 
 
 def _solo(subject: Subject, engine: Any, ids: torch.Tensor, prefill: int) -> torch.Tensor:
