@@ -9,29 +9,27 @@ off by one, or keys carrying the wrong rotation, move logits by 1e-2 to 1 and mo
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
 from ...kv_quant import kv_format
 from .common import Budget, Row, Subject, boundary_rules, fmt, max_diff, spread, top1_agree, within, worst
 
-__all__ = ["relativity", "prefill_decode", "batch_padding", "LOGIT_TOL", "logit_tol", "cache_tol", "SPREAD_RATIO",
-           "KV_RELATIVE_ERROR", "KV_LOGIT_SCALE"]
+__all__ = ["relativity", "prefill_decode", "batch_padding", "LOGIT_TOL", "logit_tol", "kv_tol", "reference",
+           "SPREAD_RATIO", "KV_EFFECT_FACTOR"]
 
 LOGIT_TOL = {torch.float64: 1e-9, torch.float32: 1e-4, torch.bfloat16: 0.25, torch.float16: 0.05}
-# A quantized KV cache (`verify --kv-dtype`) adds noise to every logit computed from cached keys and values.
-# The references of the cached comparisons run through a fresh cache of the same format (`reference`), so
-# both sides carry the same codes; what differs is a code flipped by float noise at a rounding boundary and,
-# with keys quantized after RoPE, relativity's shifted copies (their rotated keys round differently). The
-# allowance, fixed before any measurement (issue 19): the format's worst relative error per stored number
-# (half an int step of the range, half a float ulp) times KV_LOGIT_SCALE = 4 x 24 (SmolLM2's logits move by
-# 24 between positions; x4 for the errors of its 30 layers adding up). In logits: int8 0.19, int4 3.2,
-# fp8 6.0, bfloat16 0.375, float16 0.047. The price: a quantized cache hides position faults below that.
-# The format's own effect (quantized reference vs no cache) is reported as `kv_effect`, not judged.
-KV_RELATIVE_ERROR = {"float32": 0.0, "float16": 2.0**-11, "bfloat16": 2.0**-8, "int8": 1 / 510, "int4": 1 / 30,
-                     "fp8": 2.0**-4}
-KV_LOGIT_SCALE = 4 * 24.0
+# A quantized KV cache (`verify --kv-dtype`): the references of the cached comparisons run through a fresh
+# cache of the same format (`reference`), so both sides carry its codes. They still differ by more than
+# float noise: quantization is discontinuous, so a float-noise difference flips a code at a rounding
+# boundary and the flip spreads through the layers; keys quantized after RoPE round differently at shifted
+# positions. Each comparison therefore allows float noise + KV_EFFECT_FACTOR x the format's effect on its
+# reference (that reference vs the same forward without a cache, on the same tokens, measured before the
+# comparison): a correct cached run and its reference each lie within about that effect of the float
+# computation, so within twice it of each other. The price: a quantized cache hides position faults
+# smaller than that (reported as `kv_effect` beside every threshold).
+KV_EFFECT_FACTOR = 2.0
 # float32 angle rounding: |error| <= p * 2**-24 rad at position p (posenc.rope.tables), which moves the
 # logits of a shifted copy by at most SENSITIVITY * p * 2**-24; SENSITIVITY bounds |d logit / d angle|.
 SENSITIVITY = 64.0
@@ -52,15 +50,19 @@ def informative_of(spreads: list[float], tol: float) -> tuple[float, bool, dict[
                                                                  "the tokens)"}
 
 
-def logit_tol(dtype: torch.dtype, kv_dtype: str | None = None) -> float:
-    """Logit noise of two computations in `dtype`, one of them reading a `kv_dtype` cache (None: the model's)."""
-    extra = 0.0 if kv_dtype is None else KV_LOGIT_SCALE * KV_RELATIVE_ERROR[kv_dtype.split(":")[0]]
-    return LOGIT_TOL.get(dtype, 1e-4) + extra
+def logit_tol(dtype: torch.dtype) -> float:
+    """Logit noise of two computations in `dtype`."""
+    return LOGIT_TOL.get(dtype, 1e-4)
 
 
-def cache_tol(subject: Subject) -> float:
-    """`logit_tol` for logits read through the subject's cache (its `kv_dtype`, e.g. "int4:pre", or None)."""
-    return logit_tol(subject.dtype, getattr(subject, "kv_dtype", None))
+def kv_tol(subject: Subject, effect: float) -> float:
+    """Noise allowed between a cached run and its `reference`: `logit_tol` plus, under `verify --kv-dtype`,
+    KV_EFFECT_FACTOR x `effect` (the format's effect on that reference)."""
+    return logit_tol(subject.dtype) + (KV_EFFECT_FACTOR * effect if _kv(subject) else 0.0)
+
+
+def _kv(subject: Subject) -> bool:
+    return getattr(subject, "kv_dtype", None) is not None
 
 
 def reference(subject: Subject, engine: Any, ids: torch.Tensor, **kwargs: Any) -> torch.Tensor:
@@ -69,9 +71,9 @@ def reference(subject: Subject, engine: Any, ids: torch.Tensor, **kwargs: Any) -
     A forward through a cache attends over what the cache stores (for a quantized one: decoded codes), so a
     quantized reference carries the same quantization as the cached run it is compared with, when both hold
     the same tokens (a per-channel store encodes a block of `group` tokens only when it fills: callers compare
-    runs at the same fill); the rows then see position faults, not the format's own error (which `kv_effect`
-    reports and benchmarks/kv_quant.py measures as NLL)."""
-    if getattr(subject, "kv_dtype", None) is None:
+    runs at the same fill); the rows then see position faults, not mainly the format's own error (which
+    `kv_effect` reports and benchmarks/kv_quant.py measures as NLL)."""
+    if not _kv(subject):
         return engine.forward(ids, **kwargs)
     return engine.forward(ids, cache=engine.new_cache(ids.shape[0], ids.shape[1]), **kwargs)
 
@@ -94,16 +96,17 @@ def relativity(subject: Subject, budget: Budget, progress: Any = None) -> Row:
     ids = subject.text(n, offset=1000)
     base = engine.forward(ids, position_ids=torch.arange(n)[None])  # [1, n, v]
     split = n - 8
-    base_tail = base[:, split:] if getattr(subject, "kv_dtype", None) is None else None
+    base_tail, kv_effect = base[:, split:], 0.0
+    if _kv(subject):  # the same cached run at shift 0 carries the same format; its effect sets the allowance
+        base_tail = _cached_tail(engine, ids, 0, split)
+        kv_effect = max_diff(base_tail, base[:, split:])
     shifts = [s for s in budget.shifts if s + n <= subject.l0]
     diffs, ratios, agree, per_shift = [], [], 1.0, {}
     for s in shifts:
         tol = shift_tol(subject.dtype, s + n)
-        tol_cached = tol + cache_tol(subject) - logit_tol(subject.dtype)  # the tail read through the cache
+        tol_cached = tol + kv_tol(subject, kv_effect) - logit_tol(subject.dtype)  # the tail read through the cache
         full = engine.forward(ids, position_ids=(s + torch.arange(n))[None])
         tail = _cached_tail(engine, ids, s, split)
-        if base_tail is None:  # a quantized cache: the same cached run at shift 0 carries the same format
-            base_tail = _cached_tail(engine, ids, 0, split)
         d_full, d_cached = max_diff(full, base), max_diff(tail, base_tail)
         per_shift[str(s)] = {"full": d_full, "cached": d_cached, "tolerance": tol, "tolerance_cached": tol_cached}
         diffs += [d_full, d_cached]
@@ -130,11 +133,12 @@ def relativity(subject: Subject, budget: Budget, progress: Any = None) -> Row:
                                                                          honoured)
     return Row("relativity", passed,
                measured={"max_abs_logit_diff": worst(diffs), "worst_diff_over_tolerance": ratio,
-                         "top1_agreement": agree, "logit_spread": varied, "gap_effect": honoured, "shifts": shifts},
+                         "top1_agreement": agree, "logit_spread": varied, "gap_effect": honoured, "shifts": shifts,
+                         **({"kv_effect": kv_effect} if _kv(subject) else {})},
                thresholds={"worst_diff_over_tolerance": "<= 1 (tolerance = "
                             f"{fmt(logit_tol(subject.dtype))} + {SENSITIVITY:g} * (s + n) * 2^-24"
-                            + (f"; cached: + {fmt(cache_tol(subject) - logit_tol(subject.dtype))} for kv "
-                               f"{subject.kv_dtype})" if getattr(subject, "kv_dtype", None) else ")"), **needs},
+                            + (f"; cached: + {KV_EFFECT_FACTOR:g} x kv_effect {fmt(kv_effect)} for kv "
+                               f"{subject.kv_dtype})" if _kv(subject) else ")"), **needs},
                explanation=f"{n} tokens at positions s..s+n-1 vs 0..n-1, full and cached: equal up to float32 "
                            "noise plus the float32 angle rounding that grows with the position",
                details={"per_shift": per_shift})
@@ -155,34 +159,39 @@ def rules_for_decode(subject: Subject, budget: Budget) -> dict[str, dict | None]
 
 @torch.no_grad()
 def _decode_vs_full(subject: Subject, engine: Any, ids: torch.Tensor, prefill: int, per_step_full: bool,
-                    explicit: bool) -> tuple[float, float, list[float], float]:
+                    explicit: bool) -> tuple[float, float, list[float], float, float]:
     """Prefill `prefill` tokens, decode the rest one by one; compare each step with a full forward (`reference`).
 
-    Returns `(max diff, top-1 agreement, per-step diffs, spread of the full forward's logits)`."""
+    Returns `(max diff, top-1 agreement, per-step diffs, spread of the float forward's logits, kv effect)`; the
+    kv effect (0 without `--kv-dtype`) is the largest difference between the references and float forwards."""
     n = ids.shape[1]
     cache = engine.new_cache(1, n)
     pos = (lambda a, b: torch.arange(a, b)[None]) if explicit else (lambda a, b: None)
     first = engine.forward(ids[:, :prefill], cache=cache, position_ids=pos(0, prefill))
     steps = [engine.forward(ids[:, j:j + 1], cache=cache, position_ids=pos(j, j + 1)) for j in range(prefill, n)]
+
+    def refs(forward: Callable[[torch.Tensor], torch.Tensor], per_step: bool) -> list[torch.Tensor]:
+        """`[prefill logits, step logits...]`: one full forward, or one per step (a length-dependent table)."""
+        if per_step:
+            return [forward(ids[:, :prefill]), *(forward(ids[:, :j + 1])[:, -1:] for j in range(prefill, n))]
+        full = forward(ids)
+        return [full[:, :prefill], *(full[:, j:j + 1] for j in range(prefill, n))]
+
+    floats = refs(engine.forward, per_step_full)
     # a length-dependent table, or keys quantized per channel (a block is encoded when it fills, so a step's
     # reference holds the blocks full at that step): step j must equal a full forward over tokens 0..j
-    if per_step_full or _blocks(subject):
-        fulls = [reference(subject, engine, ids[:, :j + 1])[:, -1:] for j in range(prefill, n)]
-        ref_prefill = reference(subject, engine, ids[:, :prefill])
-    else:
-        full = reference(subject, engine, ids)
-        fulls = [full[:, j:j + 1] for j in range(prefill, n)]
-        ref_prefill = full[:, :prefill]
-    diffs = [max_diff(s, f) for s, f in zip(steps, fulls)]
-    agree = top1_agree(torch.cat(steps, 1), torch.cat(fulls, 1))
-    varied = spread(torch.cat([ref_prefill, *fulls], 1))
-    return worst([max_diff(first, ref_prefill), *diffs]), agree, diffs, varied
+    quantized = refs(lambda x: reference(subject, engine, x), per_step_full or _blocks(subject)) if _kv(subject) \
+        else floats
+    effect = worst(max_diff(a, b) for a, b in zip(quantized, floats)) if _kv(subject) else 0.0
+    diffs = [max_diff(s, f) for s, f in zip(steps, quantized[1:])]
+    agree = top1_agree(torch.cat(steps, 1), torch.cat(quantized[1:], 1))
+    varied = spread(torch.cat(floats, 1))
+    return worst([max_diff(first, quantized[0]), *diffs]), agree, diffs, varied, effect
 
 
 def prefill_decode(subject: Subject, budget: Budget, progress: Any = None) -> Row:
     """Cache vs full forward for the checkpoint's rule and every length rule (decode crosses the reduced L0)."""
-    tol = cache_tol(subject)
-    per_rule, seen, spreads = {}, [], []
+    per_rule, seen, spreads, effects = {}, [], [], []
     rules, not_implemented = subject.split_rules(rules_for_decode(subject, budget))
     for name, rule in rules.items():
         engine = subject.engine(rule)
@@ -195,28 +204,28 @@ def prefill_decode(subject: Subject, budget: Budget, progress: Any = None) -> Ro
         dynamic = rule is not None and rule.get("rope_type") == "dynamic"
         entry = {}
         for explicit in ((False, True) if rule is None else (False,)):
-            d, agree, diffs, varied = _decode_vs_full(subject, engine, ids, prefill, dynamic, explicit)
+            d, agree, diffs, varied, effect = _decode_vs_full(subject, engine, ids, prefill, dynamic, explicit)
             spreads.append(varied)
+            effects.append(effect)
             entry["explicit" if explicit else "derived"] = {"max_abs_logit_diff": d, "top1_agreement": agree,
-                                                            "per_step": diffs, "first_position": prefill}
+                                                            "per_step": diffs, "first_position": prefill,
+                                                            "tolerance": kv_tol(subject, effect),
+                                                            **({"kv_effect": effect} if _kv(subject) else {})}
             seen.append(d)
         per_rule[name] = entry
         if progress:
             progress()
-    kv_effect = {}
-    if getattr(subject, "kv_dtype", None) is not None:  # information: the format's own effect on the logits
-        engine = subject.engine(None)
-        ids = subject.text(budget.decode_prefill + budget.decode_steps)
-        kv_effect = {"kv_effect": max_diff(reference(subject, engine, ids), engine.forward(ids))}
-    failed = sorted(k for k, v in per_rule.items() if not all(within(e["max_abs_logit_diff"], tol) for e in v.values()))
+    failed = sorted(k for k, v in per_rule.items()
+                    if not all(within(e["max_abs_logit_diff"], e["tolerance"]) for e in v.values()))
+    kv_effect = {"kv_effect": worst(effects)} if _kv(subject) else {}
     varied, informs, needs = informative_of(spreads, logit_tol(subject.dtype))  # full forwards: no cache read
     return Row("prefill-decode", not failed and informs,
                measured={"max_abs_logit_diff": worst(seen), "failed_rules": failed, "logit_spread": varied,
                          **{f"{k}": worst(e["max_abs_logit_diff"] for e in v.values()) for k, v in per_rule.items()},
                          **({"not_implemented": sorted(not_implemented)} if not_implemented else {}), **kv_effect},
-               thresholds={"max_abs_logit_diff": f"<= {fmt(tol)} per rule", **needs,
-                           **({"kv_effect": "reported, not judged: a full forward through the quantized cache vs "
-                               "none (the cached runs and their references both carry it)"} if kv_effect else {})},
+               thresholds={"max_abs_logit_diff": f"<= {fmt(logit_tol(subject.dtype))}" + (
+                   f" + {KV_EFFECT_FACTOR:g} x the rule's kv_effect (its references through the {subject.kv_dtype} "
+                   "cache vs none)" if kv_effect else "") + " per rule", **needs},
                explanation="prefill then token-by-token decode (positions derived, and explicit) vs one full "
                            "forward over the same tokens; rules decode across their (reduced) L0",
                details={"per_rule": per_rule})
@@ -224,15 +233,13 @@ def prefill_decode(subject: Subject, budget: Budget, progress: Any = None) -> Ro
 
 def _blocks(subject: Subject) -> bool:
     """Whether the subject's cache quantizes keys per channel in blocks (`verify --kv-dtype FORMAT:pre`)."""
-    name, _, keys = (getattr(subject, "kv_dtype", None) or "").partition(":")
+    name, _, keys = (subject.kv_dtype or "").partition(":") if _kv(subject) else ("", "", "")
     return keys == "pre" and kv_format(name).kind != "cast"
 
 
-def _solo(subject: Subject, engine: Any, ids: torch.Tensor, prefill: int) -> torch.Tensor:
-    """One row alone: a full forward, or, under `verify --kv-dtype`, prefill then decode through a cache of the
-    format (the batched run's timeline: a per-channel store encodes a block when it fills)."""
-    if getattr(subject, "kv_dtype", None) is None:
-        return engine.forward(ids)
+def _solo(engine: Any, ids: torch.Tensor, prefill: int) -> torch.Tensor:
+    """One row alone through a (quantized) cache: prefill, then decode, as the batched run (a per-channel store
+    encodes a block when it fills)."""
     cache = engine.new_cache(1, ids.shape[1])
     first = engine.forward(ids[:, :prefill], cache=cache)
     return torch.cat([first, *(engine.forward(ids[:, j:j + 1], cache=cache) for j in range(prefill, ids.shape[1]))], 1)
@@ -242,12 +249,14 @@ def _solo(subject: Subject, engine: Any, ids: torch.Tensor, prefill: int) -> tor
 def batch_padding(subject: Subject, budget: Budget, progress: Any = None) -> Row:
     """Each row of a left- or right-padded batch equals its unpadded solo run (prefill, and decode after left pads)."""
     engine = subject.engine(None)
-    tol = cache_tol(subject)
     n, decode = budget.decode_prefill, 2
     lengths = [n, n - 5, n - 11]
     rows = [subject.text(m + decode, offset=300 * i) for i, m in enumerate(lengths)]  # each [1, m + decode]
-    solo = [_solo(subject, engine, r, m) for r, m in zip(rows, lengths)]  # [1, m + decode, v]
-    varied, informs, needs = informative_of([spread(r) for r in solo], logit_tol(subject.dtype))  # full forwards
+    floats = [engine.forward(r) for r in rows]  # [1, m + decode, v]
+    solo = [_solo(engine, r, m) for r, m in zip(rows, lengths)] if _kv(subject) else floats
+    kv_effect = worst(max_diff(a, b) for a, b in zip(solo, floats)) if _kv(subject) else 0.0
+    tol = kv_tol(subject, kv_effect)
+    varied, informs, needs = informative_of([spread(r) for r in floats], logit_tol(subject.dtype))  # full forwards
     b = len(rows)
     results: dict[str, float] = {}
     for side in ("left", "right"):
@@ -273,8 +282,11 @@ def batch_padding(subject: Subject, budget: Budget, progress: Any = None) -> Row
                 progress()
     largest = worst(results.values())
     return Row("batch-padding", within(largest, tol) and informs,
-               measured={"max_abs_logit_diff": largest, "logit_spread": varied, **results},
-               thresholds={"max_abs_logit_diff": f"<= {fmt(tol)}", **needs},
+               measured={"max_abs_logit_diff": largest, "logit_spread": varied, **results,
+                         **({"kv_effect": kv_effect} if _kv(subject) else {})},
+               thresholds={"max_abs_logit_diff": f"<= {fmt(tol)}" + (
+                   f" (float noise + {KV_EFFECT_FACTOR:g} x kv_effect: the solo runs through the {subject.kv_dtype} "
+                   "cache vs none)" if _kv(subject) else ""), **needs},
                explanation=f"3 rows of {lengths} tokens padded to {n} (left: then {decode} decode steps) vs each "
                            "row alone; positions derived by the engine and given explicitly",
                details={"lengths": lengths})
