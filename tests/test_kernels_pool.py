@@ -8,6 +8,7 @@ checks metadata only and must agree with the reference on every shape it takes, 
 """
 
 import ctypes
+import inspect
 import os
 import signal
 import threading
@@ -376,8 +377,6 @@ def test_hot_path_is_bit_identical_to_the_reference_on_odd_strided_shapes(layout
 
 def test_apply_in_place_takes_the_keywords_of_apply():
     # apply_ names apply's options (keyword-only, same defaults) rather than taking **options
-    import inspect
-
     allocating = list(inspect.signature(Rope.apply).parameters.values())
     in_place = list(inspect.signature(Rope.apply_).parameters.values())
     assert [(p.name, p.kind, p.default) for p in in_place] == [(p.name, p.kind, p.default) for p in allocating]
