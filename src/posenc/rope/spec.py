@@ -269,6 +269,9 @@ class Rope:
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Rotate q and k in place; returns `(q, k)`.
 
+        Like a torch in-place op: a tensor autograd saved for backward makes that backward raise after it.
+        The default CPU path rewrites each element once, with no temporary (docs/performance.md).
+
         Args:
             q, k, position_ids: as `apply`.
             layout, seq_len, precision, allow_negative, compute_dtype, impl, table: as `apply`.
@@ -276,8 +279,6 @@ class Rope:
             `(q, k)`, rotated.
         Raises:
             PosencError: as `apply`; also q and k that share memory, or a leaf tensor that requires grad.
-        Like a torch in-place op: a tensor autograd saved for backward makes that backward raise after it.
-        The default CPU path rewrites each element once, with no temporary (docs/performance.md).
         """
         return self._apply(q, k, position_ids, True, layout, seq_len, precision, allow_negative, compute_dtype, impl, table)
 
