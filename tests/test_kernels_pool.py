@@ -8,6 +8,7 @@ checks metadata only and must agree with the reference on every shape it takes, 
 """
 
 import ctypes
+import inspect
 import os
 import signal
 import threading
@@ -280,3 +281,107 @@ def test_held_table_allocating_large_outputs_bit_exact(huge, monkeypatch, thread
         threads(n)
         got = rope.apply(q, k, pos, layout="bthd", table=table)
         assert torch.equal(got[0], expected[0]) and torch.equal(got[1], expected[1]), n
+
+
+def _refusal_cases():
+    """`(name, call(rope, table, q, k, fn) -> None, message)`: every metadata refusal the hot path hands on."""
+    pos = torch.tensor([5])
+    return [
+        # one head and one token: shapes that fit either 4-d layout, so that only the layout is wrong
+        ("unknown layout", lambda r, tb, q, k, fn: fn(q[:, :1], k[:, :1], pos, layout="bhdt", table=tb),
+         r"^layout: expected one of"),
+        ("layout not a string", lambda r, tb, q, k, fn: fn(q[:, :1], k[:, :1], pos, layout=4, table=tb),
+         r"^layout: expected one of"),
+        ("integer q", lambda r, tb, q, k, fn: fn(q.to(torch.int32), k, pos, table=tb), r"^q: expected a floating-point"),
+        ("3-d k", lambda r, tb, q, k, fn: fn(q, k[0], pos, table=tb), r"^k: expected a tensor of rank 4"),
+        ("q of another head_dim", lambda r, tb, q, k, fn: fn(q[..., :32], k, pos, table=tb), r"^q: expected last dim = head_dim"),
+        ("q and k wider than head_dim", lambda r, tb, q, k, fn: fn(torch.cat([q, q[..., :8]], -1), torch.cat([k, k[..., :8]], -1),
+                                                                   pos, table=tb), r"^q: expected last dim = head_dim"),
+        ("k of another batch", lambda r, tb, q, k, fn: fn(q, k[:2], pos, table=tb), r"^k: expected size 3 in dim 0"),
+        ("k on another device", lambda r, tb, q, k, fn: fn(q, torch.empty(k.shape, device="meta"), pos, table=tb),
+         r"^k: expected a tensor on the device of q"),
+        ("float positions", lambda r, tb, q, k, fn: fn(q, k, pos.float(), table=tb), r"^position_ids: expected"),
+        ("positions of another batch", lambda r, tb, q, k, fn: fn(q, k, torch.tensor([[5], [6]]), table=tb),
+         r"^position_ids: expected batch size 1 or 3"),
+        ("row past the table", lambda r, tb, q, k, fn: fn(q, k, torch.tensor([100]), table=tb),
+         r"^position_ids: expected positions in \[0, 100\)"),
+        ("negative row", lambda r, tb, q, k, fn: fn(q, k, torch.tensor([[1], [-3], [2]]), table=tb),
+         r"^position_ids: expected positions in \[0, 100\)"),
+        ("table of another Rope", lambda r, tb, q, k, fn: fn(q, k, pos, table=Rope(head_dim=64, base=500.0).table(100)),
+         r"^table: expected a table made by this Rope"),
+        ("other precision", lambda r, tb, q, k, fn: fn(q, k, pos, table=tb, precision="exact"), r"^precision: expected"),
+        ("other seq_len", lambda r, tb, q, k, fn: fn(q, k, pos, table=tb, seq_len=50), r"^seq_len: expected"),
+        ("impl that cannot", lambda r, tb, q, k, fn: fn(q, k, pos, table=tb, impl="triton"), r"^impl: expected"),
+    ]
+
+
+@pytest.mark.parametrize("inplace", [False, True])
+@pytest.mark.parametrize("case", _refusal_cases(), ids=lambda c: c[0])
+def test_held_table_refusals_name_the_argument_and_write_nothing(case, inplace):
+    # what the hot path does not take goes to the general path, which names the argument; inputs stay as they were
+    _, call, message = case
+    rope = Rope(head_dim=64)
+    table = rope.table(100)
+    q, k = randn(3, 4, 1, 64), randn(3, 2, 1, 64, seed=1)  # bhtd decode, GQA
+    q0, k0 = q.clone(), k.clone()
+    with pytest.raises(PosencError, match=message):
+        call(rope, table, q, k, rope.apply_ if inplace else rope.apply)
+    assert torch.equal(q, q0) and torch.equal(k, k0)
+
+
+def test_held_table_in_place_refusals_name_the_argument():
+    rope = Rope(head_dim=64)
+    table = rope.table(100)
+    pos = torch.tensor([5])
+    x = randn(3, 6, 1, 64)
+    leaf = randn(3, 4, 1, 64).requires_grad_()
+    cases = [((leaf, randn(3, 2, 1, 64)), r"^q: expected a tensor autograd lets apply_ change"),
+             ((x[:, :4], x[:, 2:]), r"^k: expected a tensor that shares no memory with q"),  # overlapping heads
+             ((x[:, :1].expand(3, 4, 1, 64), x[:, 4:]), r"^k: expected a tensor that shares no memory with q")]  # broadcast
+    before = x.clone()
+    for (q, k), message in cases:
+        with pytest.raises(PosencError, match=message):
+            rope.apply_(q, k, pos, table=table)
+    assert torch.equal(x, before)
+    assert torch.equal(leaf, randn(3, 4, 1, 64))
+
+
+@pytest.mark.parametrize("layout", ["bhtd", "bthd"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_hot_path_is_bit_identical_to_the_reference_on_odd_strided_shapes(layout, dtype, monkeypatch, threads):
+    # odd sizes, GQA, q a channel slice and k a head slice of larger buffers, [b, t] positions; the hot path
+    # (route.rotate never runs) against impl="reference", allocating and in place, on 1 and 2 threads
+    rope = Rope(head_dim=72, rotary_dim=40)
+    table = rope.table(997)
+    b, hq, hk, t = 3, 5, 3, 7
+    big_q = (b, hq, t, 144) if layout == "bhtd" else (b, t, hq, 144)
+    big_k = (b, hk + 2, t, 72) if layout == "bhtd" else (b, t, hk + 2, 72)
+    q = randn(*big_q, dtype=dtype)[..., 72:]
+    k = randn(*big_k, dtype=dtype, seed=1).narrow(1 if layout == "bhtd" else 2, 1, hk)
+    pos = torch.randint(0, 997, (b, t), generator=torch.Generator().manual_seed(3))
+    expected = rope.apply(q, k, pos, layout=layout, impl="reference")
+
+    def general(*args, **kwargs):
+        raise AssertionError("the general router ran")
+
+    monkeypatch.setattr(route, "rotate", general)
+    for n in (1, 2):
+        threads(n)
+        got = rope.apply(q, k, pos, layout=layout, table=table)
+        assert got[0].shape == q.shape and got[1].shape == k.shape
+        assert torch.equal(got[0], expected[0]) and torch.equal(got[1], expected[1])
+        qi, ki = q.clone(), k.clone()
+        rope.apply_(qi, ki, pos, layout=layout, table=table)
+        assert torch.equal(qi, expected[0]) and torch.equal(ki, expected[1])
+
+
+def test_apply_in_place_takes_the_keywords_of_apply():
+    # apply_ names apply's options (keyword-only, same defaults) rather than taking **options
+    allocating = list(inspect.signature(Rope.apply).parameters.values())
+    in_place = list(inspect.signature(Rope.apply_).parameters.values())
+    assert [(p.name, p.kind, p.default) for p in in_place] == [(p.name, p.kind, p.default) for p in allocating]
+    rope = Rope(head_dim=8)
+    with pytest.raises(TypeError):
+        rope.apply_(randn(1, 1, 1, 8), randn(1, 1, 1, 8), torch.tensor([0]), "bhtd")  # options by keyword only
+    with pytest.raises(TypeError):
+        rope.apply_(randn(1, 1, 1, 8), randn(1, 1, 1, 8), torch.tensor([0]), layuot="bhtd")

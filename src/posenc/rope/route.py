@@ -26,7 +26,9 @@ from .apply import apply_rope
 
 __all__ = ["rotate", "rotate_held", "resolve_impl", "triton_available", "check_rows"]
 
-_BHTD = {"bhtd": (0, 1, 2, 3), "bthd": (0, 2, 1, 3)}  # a 4-d layout's dims in [b, h, t, d] order (a constant)
+# torch.autograd.graph.increment_version without its Python wrapper (a visible share of a decode call, see
+# benchmarks/call_overhead.py); the public function where a torch lacks the private one
+_increment_version = getattr(torch._C, "_increment_version", None) or torch.autograd.graph.increment_version
 
 
 def _compiling() -> bool:
@@ -187,6 +189,11 @@ def rotate(q: torch.Tensor, k: torch.Tensor | None, cos: torch.Tensor, sin: torc
     return q_out, k_out
 
 
+def _swap12(st: tuple[int, ...]) -> tuple[int, ...]:
+    """Strides over [b, t, h, d] as strides over [b, h, t, d] ("bthd" memory seen as "bhtd")."""
+    return st[0], st[2], st[1], st[3]
+
+
 def rotate_held(q: torch.Tensor, k: torch.Tensor, rows: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                 pairing: str, layout: str, head_dim: int, inplace: bool):
     """The decode hot path of `Rope.apply(_)` with a held table: metadata checks and one C kernel call.
@@ -195,7 +202,8 @@ def rotate_held(q: torch.Tensor, k: torch.Tensor, rows: torch.Tensor, cos: torch
     4-d layout ("bhtd" or "bthd") of `head_dim` channels, differing in heads only; contiguous int64 rows
     `[t]`, `[1, t]` or `[b, t]`; a CPU table; no autograd recording; not under `torch.compile` (the caller
     checks). It reads no value on the host: the kernel checks the rows and, in place, whether q's and k's
-    memory ranges meet.
+    memory ranges meet. Every line counts at decode (benchmarks/call_overhead.py times it): one pass over
+    the metadata, strides as torch returns them, one `struct` pack, one foreign call.
 
     Args:
         q, k: `[b, hq, t, d]` / `[b, hk, t, d]` ("bhtd") or `[b, t, hq, d]` / `[b, t, hk, d]` ("bthd").
@@ -206,20 +214,25 @@ def rotate_held(q: torch.Tensor, k: torch.Tensor, rows: torch.Tensor, cos: torch
         `rotate`'s general path, with nothing written: other metadata, a row outside the table, q and k
         whose memory ranges meet (the general path decides exactly, and refuses or rotates).
     """
-    perm = _BHTD.get(layout) if type(layout) is str else None
-    if perm is None or type(q) is not torch.Tensor or type(k) is not torch.Tensor or type(rows) is not torch.Tensor:
+    if (type(q) is not torch.Tensor or type(k) is not torch.Tensor or type(rows) is not torch.Tensor
+            or type(layout) is not str):
         return None
     dtype = q.dtype
-    if k.dtype is not dtype or rows.dtype is not torch.int64 or not (q.is_cpu and k.is_cpu and rows.is_cpu and cos.is_cpu):
+    if (k.dtype is not dtype or rows.dtype is not torch.int64 or not (q.is_cpu and k.is_cpu and rows.is_cpu and cos.is_cpu)
+            or torch.is_grad_enabled() and (q.requires_grad or k.requires_grad)):
         return None
-    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad):
-        return None
-    lib = cpu.library_for(dtype)
     qs, ks, rs, (n, half) = q.shape, k.shape, rows.shape, cos.shape
-    if lib is None or len(qs) != 4 or len(ks) != 4 or not rows.is_contiguous():
+    if len(qs) != 4 or len(ks) != 4 or not rows.is_contiguous():
         return None
-    b, t, d = qs[perm[0]], qs[perm[2]], qs[3]
-    if ks[perm[0]] != b or ks[perm[2]] != t or d != head_dim or ks[3] != d or not cpu.fits(2 * half, d):
+    if layout == "bhtd":
+        b, hq, t, d = qs
+        kb, hk, kt, kd = ks
+    elif layout == "bthd":
+        b, t, hq, d = qs
+        kb, kt, hk, kd = ks
+    else:  # another layout, or not a string
+        return None
+    if kb != b or kt != t or d != head_dim or kd != d or 2 * half > cpu.MAX_ROTARY_DIM or d > cpu.MAX_HEAD_DIM:
         return None
     if len(rs) == 1 and rs[0] == t:
         rows_b = 0
@@ -227,26 +240,27 @@ def rotate_held(q: torch.Tensor, k: torch.Tensor, rows: torch.Tensor, cos: torch
         rows_b = t if rs[0] > 1 else 0
     else:
         return None
-    st, kt = q.stride(), k.stride()
-    q4 = st[perm[0]], st[perm[1]], st[perm[2]], st[3]  # strides over [b, h, t, d]
-    k4 = kt[perm[0]], kt[perm[1]], kt[perm[2]], kt[3]
-    qp, kp = q.data_ptr(), k.data_ptr()
+    lib = cpu.library_for(dtype)
+    if lib is None:
+        return None
+    qp, kp, q4, k4 = q.data_ptr(), k.data_ptr(), q.stride(), k.stride()  # strides over the layout's dims
     if inplace:
         q_out, k_out, qop, kop, qo4, ko4, flags = q, k, qp, kp, q4, k4, cpu.FLAG_CHECK_OVERLAP
     else:
         q_out, k_out = torch.empty_like(q), torch.empty_like(k)  # q's and k's strides (dense inputs)
-        qop, kop, st, kt = q_out.data_ptr(), k_out.data_ptr(), q_out.stride(), k_out.stride()
-        qo4, ko4 = (st[perm[0]], st[perm[1]], st[perm[2]], st[3]), (kt[perm[0]], kt[perm[1]], kt[perm[2]], kt[3])
-        large = (q.numel() + k.numel()) * q.element_size() >= cpu.LARGE_OUTPUT_BYTES
+        qop, kop, qo4, ko4 = q_out.data_ptr(), k_out.data_ptr(), q_out.stride(), k_out.stride()
+        large = b * (hq + hk) * t * d * q.element_size() >= cpu.LARGE_OUTPUT_BYTES  # bytes of the outputs
         flags = cpu.FLAG_HUGE_PAGES if large and cpu.huge_pages_allowed() else 0
+    if layout == "bthd":  # strides over [b, h, t, d]
+        q4, k4, qo4, ko4 = _swap12(q4), _swap12(k4), _swap12(qo4), _swap12(ko4)
     ret = lib.posenc_rope(cpu.pack_args(
-        qp, qop, kp, kop, cos.data_ptr(), sin.data_ptr(), rows.data_ptr(), b, qs[perm[1]], ks[perm[1]], t, d,
+        qp, qop, kp, kop, cos.data_ptr(), sin.data_ptr(), rows.data_ptr(), b, hq, hk, t, d,
         *q4, *qo4, *k4, *ko4, n, half, rows_b, cpu.DTYPES[dtype], cpu.PAIRING_CODES[pairing],
         torch.get_num_threads(), flags))
     if ret != 0:
         return None  # nothing written: the general path names what is wrong (or rotates aliasing-free views)
     if inplace:  # the kernel wrote through ctypes: tell autograd, as a torch in-place op would
-        torch.autograd.graph.increment_version((q, k))
+        _increment_version((q, k))
     return q_out, k_out
 
 

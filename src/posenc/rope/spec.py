@@ -251,23 +251,39 @@ class Rope:
             PosencError: non-float q/k, wrong head_dim, mismatched shapes, non-integer or negative positions,
                 an impl that cannot run here, a table of another Rope or positions outside it.
         """
-        return self._apply(q, k, position_ids, False, layout=layout, seq_len=seq_len, precision=precision,
-                           allow_negative=allow_negative, compute_dtype=compute_dtype, impl=impl, table=table)
+        return self._apply(q, k, position_ids, False, layout, seq_len, precision, allow_negative, compute_dtype, impl, table)
 
-    def apply_(self, q: torch.Tensor, k: torch.Tensor, position_ids: torch.Tensor, **options: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    def apply_(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        position_ids: torch.Tensor,
+        *,
+        layout: str = "bhtd",
+        seq_len: int | None = None,
+        precision: str = "float32",
+        allow_negative: bool = False,
+        compute_dtype: torch.dtype | None = None,
+        impl: str | None = None,
+        table: RopeTable | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """Rotate q and k in place; returns `(q, k)`.
+
+        Like a torch in-place op: a tensor autograd saved for backward makes that backward raise after it.
+        The default CPU path rewrites each element once, with no temporary (docs/performance.md).
 
         Args:
             q, k, position_ids: as `apply`.
-            **options: `apply`'s keyword arguments (layout, seq_len, precision, allow_negative,
-                compute_dtype, impl, table).
-        Like a torch in-place op: a tensor autograd saved for backward makes that backward raise after it.
-        The default CPU path rewrites each element once, with no temporary (docs/performance.md).
+            layout, seq_len, precision, allow_negative, compute_dtype, impl, table: as `apply`.
+        Returns:
+            `(q, k)`, rotated.
+        Raises:
+            PosencError: as `apply`; also q and k that share memory, or a leaf tensor that requires grad.
         """
-        return self._apply(q, k, position_ids, True, **options)
+        return self._apply(q, k, position_ids, True, layout, seq_len, precision, allow_negative, compute_dtype, impl, table)
 
-    def _apply(self, q, k, position_ids, inplace, *, layout="bhtd", seq_len=None, precision="float32",
-               allow_negative=False, compute_dtype=None, impl=None, table=None):
+    def _apply(self, q, k, position_ids, inplace, layout, seq_len, precision, allow_negative, compute_dtype, impl, table):
+        # apply and apply_ pass every argument by position: keyword passing is a visible share of a decode call
         if (table is not None and impl in (None, "cpu") and compute_dtype is None and seq_len is None
                 and type(table) is RopeTable and table.rope is self and precision == table.precision
                 and not torch.compiler.is_compiling()):  # the decode hot path (None: not one for it)
