@@ -4,9 +4,9 @@ Keys are a `posenc.kv_channel.ChannelStore` (per channel, in blocks of `group` t
 `posenc.kv_codes.TokenStore` (per token); values are always a `TokenStore`. `QuantizedKVCache` passes
 `QuantStore` to `KVCache(make_store=...)`, so the cache's own append path, edits and policies run over it.
 
-Host syncs: `read`, `copy_slots`, `reorder` make none. `write` makes none for the casts float32 and
-bfloat16; the other formats check the range on the host (`kv_quant.check_block`), and the per-channel key
-store also reads each row's fill on the host (a sync per row) to know which blocks fill.
+Host syncs: `read`, `copy_slots`, `reorder` make none. `write` checks the range on the device
+(`kv_quant.check_block`, `errors.assert_values`) and makes none with per-token keys; the per-channel key
+store reads each row's fill on the host (a sync per row) to know which blocks fill.
 """
 
 from __future__ import annotations
