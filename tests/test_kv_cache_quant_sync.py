@@ -1,25 +1,65 @@
 """QuantizedKVCache's append path makes no host sync, and its refusals still name the argument.
 
 The guard of tests/test_no_host_sync.py makes `.item()`, `.tolist()`, `bool()`, `int()`, `float()` and
-`__index__` of a tensor raise while `update` runs: a prefill with left padding, then decode steps. The same
-sequence run outside the guard, on a twin cache, is the reference (bit-identical reads). The range check is
-on the device now (`errors.assert_values`): on the CPU a value beyond float16's range, NaN or inf still raises
-PosencError naming `k` or `v` before anything is written.
+`__index__` of a tensor raise while `update` runs: a prefill with left padding, then decode steps. A second
+guard (`no_device_sync`, a TorchDispatchMode) refuses the aten ops that wait for an accelerator even when
+called from C++: scalar reads, `nonzero`, boolean-mask indexing, `unique`, `equal`, ... The same sequence run
+outside the guards, on a twin cache, is the reference (bit-identical reads). The range check is on the device
+(`errors.assert_values`): on the CPU a value beyond float16's range, NaN or inf still raises PosencError
+naming `k` or `v` before anything is written. The per-channel store's vectorized write is checked against
+`kv_quant.encode` of each block of a row's tokens (bit-exact codes and statistics), and it refuses by name
+a direct write out of slot order.
 """
 
+import contextlib
+
+import hypothesis.strategies as st
 import pytest
 import torch
+from hypothesis import given, settings
+from torch.utils._python_dispatch import TorchDispatchMode
 
 import posenc
 from posenc.kv_cache_quant import QuantizedKVCache
+from posenc.kv_quant import encode, kv_format
+from posenc.kv_store import RESIDUAL, QuantStore
 from test_kv_cache_quant_edges import same, snapshot
 from test_no_host_sync import no_host_sync
 
 LAYERS, B, HK, D, CAP, GROUP = 2, 3, 2, 8, 24, 4
 ROPE = posenc.Rope(head_dim=D)
 SYNC_FREE = [("rotated", f) for f in ("float32", "bfloat16", "float16", "int8", "int4", "fp8")] + \
-            [("unrotated", f) for f in ("float32", "bfloat16", "float16")]
+            [("unrotated", f) for f in ("float32", "bfloat16", "float16", "int8", "int4", "fp8")]
 CHECKED = [(s, f) for s, f in SYNC_FREE if f not in ("float32", "bfloat16")]  # float16 scales or a float16 cast
+
+
+SYNCING = {"_local_scalar_dense", "item", "is_nonzero", "equal", "nonzero", "masked_select", "_unique2",
+           "unique_dim", "unique_consecutive", "repeat_interleave", "bincount"}
+
+
+class _RefuseSyncingOps(TorchDispatchMode):
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        name = func.overloadpacket.__name__
+        by_mask = name.startswith(("index", "_index_put")) and len(args) > 1 and isinstance(args[1], (list, tuple)) \
+            and any(isinstance(i, torch.Tensor) and i.dtype == torch.bool for i in args[1])  # nonzero inside
+        if name in SYNCING or by_mask:
+            raise AssertionError(f"device sync: aten.{name}")
+        return func(*args, **(kwargs or {}))
+
+
+@contextlib.contextmanager
+def no_sync():
+    """`no_host_sync` plus every aten op that makes an accelerator wait (seen at the dispatcher)."""
+    with no_host_sync(), _RefuseSyncingOps():
+        yield
+
+
+def test_the_dispatch_guard_catches_syncs_made_in_cpp():
+    x = torch.arange(4)
+    for call in (lambda: x[x > 1], lambda: torch.unique(x), lambda: torch.equal(x, x), lambda: x.nonzero(),
+                 lambda: x.sum().item()):
+        with pytest.raises(AssertionError, match="sync"), no_sync():
+            call()
 
 
 def steps(seed=0):
@@ -57,7 +97,7 @@ def test_update_makes_no_host_sync(store, fmt):
     plan = steps()
     want = run(make(store, fmt), plan, lambda: torch.no_grad())  # no guard: the reference
     cache = make(store, fmt)
-    got = run(cache, plan, no_host_sync)
+    got = run(cache, plan, no_sync)
     assert len(got) == len(want) == LAYERS * len(plan)
     for (gk, gv), (wk, wv) in zip(got, want):
         assert gk.shape == wk.shape and torch.equal(gk, wk) and torch.equal(gv, wv)
@@ -81,3 +121,66 @@ def test_a_refused_update_raises_by_name_and_writes_nothing(store, fmt, bad):
         assert same(snapshot(cache), before)
     cache.update(1, slots, k, v)  # the same call with good values goes through
     assert not same(snapshot(cache), before)
+
+
+@st.composite
+def appends(draw):
+    """Steps of `[b, t]` masks: each row some tokens (0..7) at random places among t columns (the rest padding)."""
+    out = []
+    for _ in range(draw(st.integers(1, 6))):
+        t = draw(st.integers(1, 9))
+        out.append(torch.tensor([draw(st.lists(st.booleans(), min_size=t, max_size=t)) for _ in range(B)]))
+    return out
+
+
+@pytest.mark.parametrize("fmt", ["int8", "int4", "fp8"])
+@settings(max_examples=15, deadline=None)
+@given(masks=appends(), seed=st.integers(0, 2**16))
+def test_per_channel_appends_encode_each_block_once_like_kv_quant(fmt, masks, seed):
+    """Oracle: `encode` of each row's tokens `[g * j, g * (j + 1))` (bit-exact codes and statistics, one id per
+    block, every id distinct), the tail as written in the residual; sync-free whatever the padding."""
+    gen = torch.Generator().manual_seed(seed)
+    cap = sum(m.shape[1] for m in masks)
+    cache = QuantizedKVCache(1, B, HK, D, cap, kv_dtype=fmt, rope=ROPE, store="unrotated", group=GROUP)
+    raw = [[] for _ in range(B)]
+    for mask in masks:
+        k = torch.randn(B, HK, mask.shape[1], D, generator=gen) * 5
+        positions = cache.next_positions()[:, None] + torch.arange(mask.shape[1])
+        with no_sync():
+            slots = cache.reserve(positions, mask)
+            cache.update(0, slots, k, torch.randn(B, HK, mask.shape[1], D, generator=gen))
+        for r in range(B):
+            raw[r] += [k[r, :, j] for j in range(mask.shape[1]) if mask[r, j]]
+    store, ids = cache.k[0], []
+    for r, tokens in enumerate(raw):
+        n, blocks = len(tokens), len(tokens) // GROUP
+        for j in range(blocks):
+            want = encode(torch.stack(tokens[j * GROUP:(j + 1) * GROUP], 1), fmt, "channel")  # [h, g, .]
+            got = store.codes[r, :, j * GROUP:(j + 1) * GROUP]
+            assert torch.equal(got, want.codes.view(torch.uint8) if fmt == "fp8" else want.codes)
+            block = store.block[r, j * GROUP:(j + 1) * GROUP]
+            assert bool((block == block[0]).all()) and 0 <= int(block[0]) < int(store.next_block)
+            assert torch.equal(store.scale[int(block[0])], want.scale[:, 0])
+            assert want.offset is None or torch.equal(store.offset[int(block[0])], want.offset[:, 0])
+            ids.append(int(block[0]))
+        for s in range(blocks * GROUP, n):
+            assert int(store.block[r, s]) == RESIDUAL and torch.equal(store.residual[r, :, s % GROUP], tokens[s])
+        assert bool((store.block[r, n:cap] == -1).all())
+    assert len(set(ids)) == len(ids) == int(store.next_block)
+
+
+def test_a_direct_store_write_out_of_order_is_refused_by_name():
+    store = QuantStore(2, HK, 6, D, fmt=kv_format("int8"), group=GROUP, key_axis="channel")
+    store.write(torch.tensor([0, 0, 1]), torch.tensor([0, 1, 0]), torch.randn(3, HK, D), torch.randn(3, HK, D))
+    before = [t.clone() for part in (store.keys, store.values) for t in vars(part).values()
+              if isinstance(t, torch.Tensor)]
+    for rows, slots, message in (([0, 1], [3, 1], "row 0's next slots in order, from 2"),
+                                 ([1, 1], [2, 1], "row 1's next slots in order, from 1"),
+                                 ([0, 0, 0, 0, 0], [2, 3, 4, 5, 6], "row 0's next slots in order, from 2, below "
+                                                                    "capacity 6")):
+        with pytest.raises(posenc.PosencError, match=f"^slots: expected {message}"):
+            store.write(torch.tensor(rows), torch.tensor(slots), torch.randn(len(rows), HK, D), None)
+    after = [t for part in (store.keys, store.values) for t in vars(part).values() if isinstance(t, torch.Tensor)]
+    assert same(after, before)
+    store.write(torch.tensor([1, 0, 0]), torch.tensor([1, 2, -1]), torch.randn(3, HK, D), None)  # in order: taken
+    assert store.keys.block[:2, :3].tolist() == [[RESIDUAL] * 3, [RESIDUAL] * 2 + [-1]]

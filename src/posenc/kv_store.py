@@ -4,9 +4,11 @@ Keys are a `posenc.kv_channel.ChannelStore` (per channel, in blocks of `group` t
 `posenc.kv_codes.TokenStore` (per token); values are always a `TokenStore`. `QuantizedKVCache` passes
 `QuantStore` to `KVCache(make_store=...)`, so the cache's own append path, edits and policies run over it.
 
-Host syncs: `read`, `copy_slots`, `reorder` make none. `write` checks the range on the device
-(`kv_quant.check_block`, `errors.assert_values`) and makes none with per-token keys; the per-channel key
-store reads each row's fill on the host (a sync per row) to know which blocks fill.
+Host syncs: `write` and `read` make none, for every format and both key layouts: the value range and the
+per-channel slot order are checked on the device (`kv_quant.check_block`, `ChannelStore.check_slots`:
+PosencError at once on the CPU, `torch._assert_async` on an accelerator), and the per-channel key store appends every row at once. `copy_slots` and
+`reorder` make none with per-token keys; the per-channel key store reclaims its statistics pool there (one
+sync: they are edits), so that appends never need to.
 """
 
 from __future__ import annotations

@@ -16,10 +16,11 @@ Contract every store keeps:
 - `copy_slots(src_rows [n], src_slots [n], dst_rows [n], dst_slots [n])`: every destination receives
   what its source held BEFORE the call (sources are read first, so overlapping moves such as compaction
   and row permutation are safe); a source slot of -1 clears the destination to zeros; a destination
-  slot of -1 is dropped. No host sync.
+  slot of -1 is dropped. No host sync (a store may reclaim space here, with one: the quantized
+  per-channel key store does, so that its `write` never has to).
 - `reorder(index [b'])`: rows become the old rows `index` (repeats allowed: forks). With b' == b it works
   in place (views stay live); another b' reallocates, as `grow` does. A store over shared block tables
-  (paged) leaves the tables to their owner and only resizes its pools.
+  (paged) leaves the tables to their owner and only resizes its pools. As `copy_slots`, it may reclaim.
 - `grow(capacity)`: enlarge every row to `capacity` slots (>= the current one), filled slots unchanged,
   new ones zero. The only call that allocates; tensors taken from `read()` before it go stale.
 - `nbytes`: bytes held for keys and values (int), scratch included.
