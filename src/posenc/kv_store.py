@@ -68,8 +68,9 @@ class QuantStore:
         if v is not None:
             self.values.write(rows, slots, v)
 
-    def read(self) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.keys.read(), self.values.read()  # fresh [b, hk, cap, d], [b, hk, cap, dv]
+    def read(self, width: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """`KVStore.read`: only the first `width` slots (default all) are decoded."""
+        return self.keys.read(width), self.values.read(width)  # fresh [b, hk, w, d], [b, hk, w, dv]
 
     def copy_slots(self, src_rows: torch.Tensor, src_slots: torch.Tensor, dst_rows: torch.Tensor,
                    dst_slots: torch.Tensor) -> None:

@@ -278,8 +278,7 @@ class KVCache:
         """
         layer = self._layer(layer)
         w = self.width if width is None else width
-        k, v = self.stores[layer].read()
-        k, v = k[:, :, :w], v[:, :, :w]  # [b, hk, w, d]
+        k, v = self.stores[layer].read(w)  # [b, hk, w, d]
         if self.store == "unrotated" and self.rope is not None:
             cos, sin = key_tables if key_tables is not None else self.tables(self.positions[:, :w])
             k = route.rotate(k, None, cos, sin, None, self.rope.pairing)[0]  # [b, hk, w, d]
