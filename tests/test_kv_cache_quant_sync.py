@@ -6,7 +6,8 @@ guard (`no_device_sync`, a TorchDispatchMode) refuses the aten ops that wait for
 called from C++: scalar reads, `nonzero`, boolean-mask indexing, `unique`, `equal`, ... The same sequence run
 outside the guards, on a twin cache, is the reference (bit-identical reads). The range check is on the device
 (`errors.assert_values`): on the CPU a value beyond float16's range, NaN or inf still raises PosencError
-naming `k` or `v` before anything is written. The per-channel store's vectorized write is checked against
+naming `k` or `v` before anything is written. A decoder's decode step over a per-channel int4 cache traces
+under `torch.compile(fullgraph=True)` (a graph break, i.e. a sync, raises) and equals eager bit for bit. The per-channel store's vectorized write is checked against
 `kv_quant.encode` of each block of a row's tokens (bit-exact codes and statistics), and it refuses by name
 a direct write out of slot order.
 """
@@ -184,3 +185,22 @@ def test_a_direct_store_write_out_of_order_is_refused_by_name():
     assert same(after, before)
     store.write(torch.tensor([1, 0, 0]), torch.tensor([1, 2, -1]), torch.randn(3, HK, D), None)  # in order: taken
     assert store.keys.block[:2, :3].tolist() == [[RESIDUAL] * 3, [RESIDUAL] * 2 + [-1]]
+
+
+@torch.no_grad()
+def test_a_compiled_decode_step_over_per_channel_int4_keys_is_one_graph_and_exact():
+    from posenc.models import Decoder
+    from test_decode_compile import CFG, PROMPT, PROMPT_MASK
+
+    model = Decoder.from_hf_config({**CFG, "num_hidden_layers": 1}, seed=0).eval()
+    caches = [QuantizedKVCache(1, 2, model.num_kv_heads, model.head_dim, 12, kv_dtype="int4", rope=model.rope,
+                               store="unrotated", group=3) for _ in range(2)]
+    for cache in caches:  # rows of 4 and 3 tokens: blocks fill at different steps
+        model(PROMPT, attention_mask=PROMPT_MASK, cache=cache)
+    torch._dynamo.reset()
+    compiled = torch.compile(lambda tok, cache: model(tok, cache=cache), fullgraph=True, backend="aot_eager")
+    for i in range(4):
+        tok = torch.tensor([[7 + i], [11 + i]])
+        assert torch.equal(compiled(tok, caches[0]), model(tok, cache=caches[1]))
+    assert all(torch.equal(a, b) for a, b in zip(caches[0].k[0].read(), caches[1].k[0].read()))
+    assert int(caches[0].k[0].next_block) == int(caches[1].k[0].next_block) == 4  # 8 and 7 tokens: 2 + 2 blocks
