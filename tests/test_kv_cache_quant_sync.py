@@ -2,14 +2,14 @@
 
 The guard of tests/test_no_host_sync.py makes `.item()`, `.tolist()`, `bool()`, `int()`, `float()` and
 `__index__` of a tensor raise while `update` runs: a prefill with left padding, then decode steps. A second
-guard (`no_device_sync`, a TorchDispatchMode) refuses the aten ops that wait for an accelerator even when
+guard (`no_sync` adds a TorchDispatchMode) refuses the aten ops that wait for an accelerator even when
 called from C++: scalar reads, `nonzero`, boolean-mask indexing, `unique`, `equal`, ... The same sequence run
 outside the guards, on a twin cache, is the reference (bit-identical reads). The range check is on the device
 (`errors.assert_values`): on the CPU a value beyond float16's range, NaN or inf still raises PosencError
 naming `k` or `v` before anything is written. A decoder's decode step over a per-channel int4 cache traces
-under `torch.compile(fullgraph=True)` (a graph break, i.e. a sync, raises) and equals eager bit for bit. The per-channel store's vectorized write is checked against
-`kv_quant.encode` of each block of a row's tokens (bit-exact codes and statistics), and it refuses by name
-a direct write out of slot order.
+under `torch.compile(fullgraph=True)` (a graph break, i.e. a sync, raises) and equals eager bit for bit. The
+per-channel store's vectorized write is checked against `kv_quant.encode` of each block of a row's tokens
+(bit-exact codes and statistics), and it refuses by name a direct write out of slot order.
 """
 
 import contextlib

@@ -28,6 +28,7 @@ __all__ = ["ChannelStore", "RESIDUAL"]
 
 RESIDUAL = -2  # block id of a slot still in the full-precision residual
 
+
 class ChannelStore:
     """Per-channel blocks of `group` tokens, a block id per slot, a statistics pool, a full-precision residual.
 

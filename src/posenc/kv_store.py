@@ -6,9 +6,9 @@ Keys are a `posenc.kv_channel.ChannelStore` (per channel, in blocks of `group` t
 
 Host syncs: `write` and `read` make none, for every format and both key layouts: the value range and the
 per-channel slot order are checked on the device (`kv_quant.check_block`, `ChannelStore.check_slots`:
-PosencError at once on the CPU, `torch._assert_async` on an accelerator), and the per-channel key store appends every row at once. `copy_slots` and
-`reorder` make none with per-token keys; the per-channel key store reclaims its statistics pool there (one
-sync: they are edits), so that appends never need to.
+PosencError at once on the CPU, `torch._assert_async` on an accelerator), and the per-channel key store
+appends every row at once. `copy_slots` and `reorder` make none with per-token keys; the per-channel key
+store reclaims its statistics pool there (one sync: they are edits), so that appends never need to.
 """
 
 from __future__ import annotations
@@ -58,7 +58,8 @@ class QuantStore:
 
     def write(self, rows: torch.Tensor, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor | None) -> None:
         """As `KVStore.write`; keys and values are checked (format range, per-channel slot order) before
-        anything is written, so a refused call changes nothing."""
+        anything is written, on the device: on the CPU a refused call raises PosencError and changes nothing;
+        on an accelerator the failure surfaces at the next synchronisation (no host sync here)."""
         self.keys.check(k, "k")
         if v is not None:
             self.values.check(v, "v")
