@@ -152,7 +152,14 @@ def test_per_channel_appends_encode_each_block_once_like_kv_quant(fmt, masks, se
             cache.update(0, slots, k, torch.randn(B, HK, mask.shape[1], D, generator=gen))
         for r in range(B):
             raw[r] += [k[r, :, j] for j in range(mask.shape[1]) if mask[r, j]]
-    store, ids = cache.k[0], []
+    ids = blocks_match_encode(cache.k[0], raw, fmt, cap)
+    assert len(set(ids)) == len(ids) == int(cache.k[0].next_block)
+
+
+def blocks_match_encode(store, raw, fmt, cap):
+    """Assert each row's full blocks are `encode` of its raw tokens `raw[r]` (list of `[h, d]`), bit-exact codes
+    and statistics under one id, the tail in the residual, the rest empty; return every block's id."""
+    ids = []
     for r, tokens in enumerate(raw):
         n, blocks = len(tokens), len(tokens) // GROUP
         for j in range(blocks):
@@ -167,7 +174,30 @@ def test_per_channel_appends_encode_each_block_once_like_kv_quant(fmt, masks, se
         for s in range(blocks * GROUP, n):
             assert int(store.block[r, s]) == RESIDUAL and torch.equal(store.residual[r, :, s % GROUP], tokens[s])
         assert bool((store.block[r, n:cap] == -1).all())
-    assert len(set(ids)) == len(ids) == int(store.next_block)
+    return ids
+
+
+@pytest.mark.parametrize("index", [[0, 1, 1, 0, 1], [1]], ids=["fork-to-5-rows", "drop-to-1-row"])
+def test_per_channel_rows_forked_or_dropped_fill_to_capacity_without_a_sync(index):
+    """After a reorder to another batch size (forks share block ids) every row appends up to the capacity under
+    the sync guards: the pool was sized at the reorder; each row's blocks are `encode` of its own tokens."""
+    cap, gen = 14, torch.Generator().manual_seed(3)
+    cache = QuantizedKVCache(1, 2, HK, D, cap, kv_dtype="int4", rope=ROPE, store="unrotated", group=GROUP)
+    k = torch.randn(2, HK, 5, D, generator=gen) * 5
+    cache.update(0, cache.reserve(torch.arange(5).expand(2, 5)), k, k)  # a block and one residual token per row
+    raw = [[k[r, :, j] for j in range(5)] for r in index]
+    cache.reorder(torch.tensor(index))
+    b = len(index)
+    for t in (1, 3, 2, 3):  # 9 more tokens per row: 14, the capacity
+        new = torch.randn(b, HK, t, D, generator=gen) * 5
+        with no_sync():
+            slots = cache.reserve(cache.next_positions()[:, None] + torch.arange(t))
+            cache.update(0, slots, new, new)
+        for r in range(b):
+            raw[r] += [new[r, :, j] for j in range(t)]
+    ids = blocks_match_encode(cache.k[0], raw, "int4", cap)
+    assert len(set(ids)) == len(ids) - (b - len(set(index)))  # forks share their first block only
+    assert int(cache.k[0].next_block) <= cache.k[0].pool
 
 
 def test_a_direct_store_write_out_of_order_is_refused_by_name():
