@@ -142,7 +142,7 @@ class ChannelStore:
         res.index_put_((rows, torch.where(real & ~into, slots % g, g)), x.to(self.dtype))  # the rest waits
         old_at = (torch.arange(b, device=dev)[:, None].expand(b, g), torch.where(done, s_old, cap))  # [b, g]
         codes.index_put_(old_at, staged[k_old, off].masked_fill(~done[..., None, None], 0))  # [b, g, h, dc]
-        self.block.index_put_(old_at, (self.next_block + k_old).to(torch.int32))
+        self.block.index_put_(old_at, torch.where(done, self.next_block + k_old, -1).to(torch.int32))
         self.next_block += total
 
     def _reclaim(self) -> None:
