@@ -13,7 +13,7 @@ import torch
 from hypothesis import given, settings
 
 import posenc
-from posenc.cache import ContiguousStore, KVCache
+from posenc.cache import BlockTable, ContiguousStore, KVCache, PagedStore
 from posenc.kv_cache_quant import QuantizedKVCache
 from posenc.kv_quant import kv_format
 from posenc.kv_store import QuantStore
@@ -80,6 +80,37 @@ def test_a_float32_store_reads_exactly_like_the_contiguous_store(ops, seed):
         got, want = stores[0].read(), stores[1].read()
         assert stores[0].capacity == stores[1].capacity
         assert all(torch.equal(g, w) for g, w in zip(got, want))
+
+
+STORES = {
+    "contiguous": lambda cap: ContiguousStore(B, HK, cap, D, DV),
+    "paged": lambda cap: PagedStore(BlockTable(B, cap, 3), cap, HK, D, DV),
+    "float32": lambda cap: pair("float32", cap=cap)[0],
+    "int8-token": lambda cap: pair("int8", cap=cap)[0],
+    "int4-channel": lambda cap: pair("int4", "channel", group=3, cap=cap)[0],
+}
+
+
+@pytest.mark.parametrize("name", list(STORES))
+def test_read_with_a_width_is_the_first_slots(name):
+    """`read(w)` = the first w slots of `read()` for every w (0 and the capacity included); a float32 store's
+    equal a ContiguousStore's (the oracle), a contiguous store's are views."""
+    cap, gen = 8, torch.Generator().manual_seed(1)
+    store, oracle = STORES[name](cap), ContiguousStore(B, HK, cap, D, DV)
+    for lo, hi in ((0, 5), (5, 7)):  # every row appends: blocks and a residual for per-channel keys
+        rows, slots = torch.arange(B).repeat_interleave(hi - lo), torch.arange(lo, hi).repeat(B)
+        k, v = torch.randn(len(rows), HK, D, generator=gen), torch.randn(len(rows), HK, DV, generator=gen)
+        for s in (store, oracle):
+            s.write(rows, slots, k, v)
+    full = store.read()
+    for w in range(cap + 1):
+        got = store.read(w)
+        assert got[0].shape == (B, HK, w, D) and got[1].shape == (B, HK, w, DV)
+        assert torch.equal(got[0], full[0][:, :, :w]) and torch.equal(got[1], full[1][:, :, :w])
+        if name in ("contiguous", "paged", "float32"):
+            assert all(torch.equal(g, o[:, :, :w]) for g, o in zip(got, oracle.read()))
+        if name == "contiguous" and w:
+            assert got[0].data_ptr() == full[0].data_ptr()  # a view: the store's own memory
 
 
 @pytest.mark.parametrize("fmt", ["int8", "int4", "fp8"])

@@ -71,9 +71,10 @@ class QuantizedKVCache(KVCache):
     """`KVCache` whose per-layer stores are `posenc.kv_store.QuantStore`s (codes, decoded on read).
 
     Everything else (positions, policies, edits, `reserve` / `write` / `read` / `update`) is `KVCache`'s own,
-    over the `KVStore` protocol. Host syncs: none for kv_dtype float32 / bfloat16; the other formats check
-    the value range on the host on every write, and the per-channel key store (store "unrotated" with int8 /
-    int4 / fp8) also reads each row's fill there.
+    over the `KVStore` protocol. Host syncs: none on the append path of a fixed-capacity cache (`reserve`,
+    `write`, `update`) for every kv_dtype and store (value range and slot order are checked on the device);
+    edits of a per-channel key store (store "unrotated" with int8 / int4 / fp8) reclaim its statistics pool
+    with one.
 
     Args:
         As `KVCache` (dtype: the model's dtype, which `read` returns and the residual keeps; no block_size),

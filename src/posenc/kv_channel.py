@@ -4,9 +4,13 @@ A token waits in a full-precision residual (at most `group - 1` per row, as KIVI
 row's last filled slots, so `slot % group` indexes them without collision) until its block is full;
 then the block is encoded once. Every slot records its block id (-1: empty, `RESIDUAL`: not yet
 encoded); the blocks' statistics live in one pool per layer shared by all rows, so `copy` and `reorder`
-(forks) move codes and block ids and never re-quantize anything. Blocks no slot uses are reclaimed
-when the pool fills. `write` reads each row's fill on the host (a sync per row); `read`, `copy` and
-`reorder` make none.
+(forks) move codes and block ids and never re-quantize anything.
+
+No host sync on the append path: `check_slots` and `write` work on every row at once with shapes known
+on the host (a write of n entries fills at most `(n + b * (group - 1)) // group` blocks), the next free
+id stays on the device, and the pool always has room for every block appends can fill before the next
+edit. Ids no slot uses any more appear only at edits (`copy`, `reorder`; `grow` adds room): there the
+live ids are relabelled 0.. and the pool is sized again (a host sync, as edits may make).
 """
 
 from __future__ import annotations
@@ -15,14 +19,15 @@ from typing import Any
 
 import torch
 
+from .cache.checks import refuse_unless
 from .cache.storage import reorder_buffer
-from .errors import fail
 from .kv_codes import TokenStore, _as_codes, _bits, _codes, _regrow
 from .kv_quant import Encoded, KVFormat, decode, encode
 
 __all__ = ["ChannelStore", "RESIDUAL"]
 
 RESIDUAL = -2  # block id of a slot still in the full-precision residual
+
 
 class ChannelStore:
     """Per-channel blocks of `group` tokens, a block id per slot, a statistics pool, a full-precision residual.
@@ -32,8 +37,9 @@ class ChannelStore:
             and `read`'s dtype. device. group: tokens per block.
     Attributes:
         codes `[b, h, cap + 1, dc]`; block `[b, cap + 1]` int32 (-1: empty, `RESIDUAL`: in the residual);
-        scale/offset `[pool, h, d]` float16 per block id; next_block: the first never-used id (host int);
-        residual `[b, h, group + 1, d]`: slot s of a row at `s % group` (index `group`: scratch).
+        scale/offset `[pool + 1, h, d]` float16 per block id (row `pool`: scratch); next_block: 0-d int64
+        tensor on the device, the first unused id; residual `[b, h, group + 1, d]`: slot s of a row at
+        `s % group` (index `group`: scratch).
     """
 
     def __init__(self, fmt: KVFormat, shape: tuple[int, int, int, int], dtype: torch.dtype, device: Any,
@@ -42,10 +48,10 @@ class ChannelStore:
         self.fmt, self.dtype, self.dim, self.group = fmt, dtype, d, group
         self.codes = _codes(fmt, b, h, cap + 1, d, device)
         self.block = torch.full((b, cap + 1), -1, dtype=torch.int32, device=device)
-        pool = b * (cap // group + 1)
-        stat = [torch.zeros(pool, h, d, dtype=torch.float16, device=device) for _ in range(fmt.stats)]
+        pool = b * (cap // group + 1)  # every block the rows can fill, and more
+        stat = [torch.zeros(pool + 1, h, d, dtype=torch.float16, device=device) for _ in range(fmt.stats)]
         self.scale, self.offset = (stat + [None, None])[:2]
-        self.next_block = 0
+        self.next_block = torch.zeros((), dtype=torch.long, device=device)
         self.residual = torch.zeros(b, h, group + 1, d, dtype=dtype, device=device)
 
     capacity = TokenStore.capacity
@@ -53,6 +59,11 @@ class ChannelStore:
     device = TokenStore.device
     check = TokenStore.check
     _slot = TokenStore._slot
+
+    @property
+    def pool(self) -> int:
+        """Block ids the statistics pool holds (its scratch row not counted)."""
+        return self.scale.shape[0] - 1
 
     @property
     def nbytes(self) -> int:
@@ -63,69 +74,96 @@ class ChannelStore:
         stats = sum(used * t[0].nbytes for t in (self.scale, self.offset) if t is not None)
         return self.codes.nbytes // (cap + 1) * cap + self.block.shape[0] * cap * 4 + stats
 
-    def _fill(self, r: int) -> tuple[int, int]:
-        """Row `r`'s filled slots and residual count (host sync)."""
-        ids = self.block[r, :self.capacity]
-        return int((ids != -1).sum()), int((ids == RESIDUAL).sum())
+    def _fill(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """`[b]` filled slots and residual tokens per row (on the device)."""
+        ids = self.block[:, :self.capacity]  # [b, cap]
+        return (ids != -1).sum(1), (ids == RESIDUAL).sum(1)
 
     def check_slots(self, rows: torch.Tensor, slots: torch.Tensor, arg: str = "slots") -> None:
-        """Refuse a write that is not each row's next slots in order (blocks fill front to back). Host syncs."""
-        for r in range(self.codes.shape[0]):
-            got = slots[(rows == r) & (slots >= 0)]
-            start = self._fill(r)[0]
-            want = torch.arange(start, start + got.shape[0], device=slots.device)
-            if not torch.equal(got.long(), want):
-                fail(arg, f"row {r}'s next slots in order, from {start} (a per-channel quantized store appends; "
-                     "each slot is written once)", got)
+        """Refuse a write that is not each row's next slots in order, below the capacity (blocks fill front to
+        back). On the device (`refuse_unless`): no host sync when the slots are right."""
+        b, cap, n = self.codes.shape[0], self.capacity, slots.shape[0]
+        real = slots >= 0  # [n]
+        key = torch.where(real, rows, b)  # [n]: padding sorts last
+        order = torch.sort(key, stable=True).indices  # [n]
+        ranked = key[order]
+        before = torch.arange(n, device=slots.device) - torch.searchsorted(ranked, ranked)  # [n] earlier same-row
+        rank = torch.empty_like(order).index_put_((order,), before)  # [n]: entries of its row before it
+        length = self._fill()[0]
+        inside = (rows >= 0) & (rows < b)
+        want = length[rows.clamp(0, b - 1)] + rank  # [n]
+        ok = (~real | (inside & (slots == want) & (slots < cap))).all()
 
-    def _allocate(self, n: int) -> torch.Tensor:
-        """`[n]` fresh block ids; reclaims unused ids, then doubles the pool, when it is full (host sync)."""
-        have = self.scale.shape[0]
-        if self.next_block + n > have:
-            used = self.block >= 0
-            live, inverse = torch.unique(self.block[used].long(), return_inverse=True)
-            for name in ("scale", "offset"):
-                t = getattr(self, name)
-                if t is not None:
-                    t[:live.numel()] = t[live].clone()  # same statistics under new ids
-            self.block[used] = inverse.to(torch.int32)
-            self.next_block = live.numel()
-            if self.next_block + n > have:
-                for name in ("scale", "offset"):
-                    t = getattr(self, name)
-                    if t is not None:
-                        extra = t.new_zeros(max(have, self.next_block + n - have), *t.shape[1:])
-                        setattr(self, name, torch.cat((t, extra)))  # [pool', h, d]
-        ids = torch.arange(self.next_block, self.next_block + n, device=self.block.device)
-        self.next_block += n
-        return ids
+        def explain() -> tuple[str, Any]:
+            r = int(rows[(real & ~(inside & (slots == want) & (slots < cap))).nonzero()[0, 0]])
+            start = int(length[r]) if 0 <= r < b else 0
+            return (f"row {r}'s next slots in order, from {start}, below capacity {cap} (a per-channel quantized "
+                    "store appends; each slot is written once)", slots[(rows == r) & real])
+
+        refuse_unless(ok, arg, "each row's next slots in order, below the capacity (a per-channel quantized "
+                      "store appends)", explain)
 
     def write(self, rows: torch.Tensor, slots: torch.Tensor, x: torch.Tensor) -> None:
         """Append `x [n, h, d]` to each row's residual; encode every block that fills. Call `check` and
-        `check_slots` first (entries in slot order per row). Host syncs (one per row)."""
-        g = self.group
-        for r in range(self.codes.shape[0]):
-            sel = (rows == r) & (slots >= 0)  # [n]
-            new = x[sel].transpose(0, 1).to(self.dtype)  # [h, m, d]
-            if new.shape[1] == 0:
-                continue
-            length, rc = self._fill(r)
-            start = length - rc  # the residual is the row's last rc slots
-            held = torch.arange(start, length, device=self.codes.device)
-            both = torch.cat((self.residual[r][:, held % g], new), dim=1)  # [h, rc + m, d]
-            full = both.shape[1] // g
-            if full:
-                enc = encode(both[:, :full * g].unflatten(1, (full, g)), self.fmt, "channel")  # [h, full, g, .]
-                ids = self._allocate(full)  # [full]
-                self.codes[r, :, start:start + full * g] = _bits(enc.codes).flatten(1, 2)  # [h, full * g, dc]
-                for pool, stat in ((self.scale, enc.scale), (self.offset, enc.offset)):
-                    if pool is not None:
-                        pool[ids] = stat[:, :, 0].transpose(0, 1)  # [full, h, d]
-                self.block[r, start:start + full * g] = ids.repeat_interleave(g).to(torch.int32)
-            rest = torch.arange(start + full * g, length + new.shape[1], device=self.codes.device)  # [< g]
-            self.residual[r][:, rest % g] = both[:, full * g:]
-            self.codes[r, :, rest] = 0
-            self.block[r, rest] = RESIDUAL
+        `check_slots` first (entries in slot order per row). No host sync: every row at once, the blocks
+        staged in a buffer of a size known on the host, committed where they fill."""
+        g, cap, b, dev = self.group, self.capacity, self.codes.shape[0], self.codes.device
+        n, h, d = x.shape
+        length, held = self._fill()  # [b]
+        start = length - held  # [b] first residual slot of each row
+        real = slots >= 0  # [n]
+        count = torch.zeros(b, dtype=torch.long, device=dev).index_add_(0, rows, real.long())  # [b] new tokens
+        full = (held + count) // g  # [b] blocks that fill
+        base = full.cumsum(0) - full  # [b] the row's first staged block
+        nb = (n + b * (g - 1)) // g  # at most this many fill in all; staged block nb: scratch
+        q = (slots - start[rows]).clamp(min=0)  # [n] place in the row's run of residual + new tokens
+        into = real & (q // g < full[rows])  # [n] the entry lands in a block that fills
+        k_new, o_new = torch.where(into, base[rows] + q // g, nb), q % g  # [n] staged block, offset
+        off = torch.arange(g, device=dev).expand(b, g)  # [b, g]
+        done = (off < held[:, None]) & (full[:, None] > 0)  # [b, g] residual tokens whose block fills
+        k_old, s_old = torch.where(done, base[:, None], nb), start[:, None] + off  # [b, g]
+        res = self.residual.transpose(1, 2)  # [b, g + 1, h, d]
+        stage = torch.zeros(nb + 1, g, h, d, dtype=self.dtype, device=dev)
+        stage.index_put_((k_old, off), res[torch.arange(b, device=dev)[:, None], s_old % g])  # [b, g, h, d]
+        stage.index_put_((k_new, o_new), x.to(self.dtype))  # [n, h, d]
+        enc = encode(stage.transpose(1, 2), self.fmt, "channel")  # codes [nb + 1, h, g, dc], stats [nb + 1, h, 1, d]
+        total = full.sum()
+        torch._assert_async(self.next_block + total <= self.pool, "ChannelStore: the statistics pool is full")
+        ids = self.next_block + torch.arange(nb + 1, device=dev)  # [nb + 1]
+        at = torch.where(torch.arange(nb + 1, device=dev) < total, ids, self.pool)  # unused: the scratch row
+        for pool, stat in ((self.scale, enc.scale), (self.offset, enc.offset)):
+            if pool is not None:
+                pool.index_put_((at,), stat[:, :, 0])  # [nb + 1, h, d]
+        staged = _bits(enc.codes).transpose(1, 2)  # [nb + 1, g, h, dc]
+        codes = self.codes.transpose(1, 2)  # [b, cap + 1, h, dc]
+        new_at = (rows, self._slot(slots))
+        codes.index_put_(new_at, staged[k_new, o_new].masked_fill(~into[:, None, None], 0))  # [n, h, dc]
+        self.block.index_put_(new_at, torch.where(into, self.next_block + k_new, RESIDUAL).to(torch.int32))
+        res.index_put_((rows, torch.where(real & ~into, slots % g, g)), x.to(self.dtype))  # the rest waits
+        old_at = (torch.arange(b, device=dev)[:, None].expand(b, g), torch.where(done, s_old, cap))  # [b, g]
+        codes.index_put_(old_at, staged[k_old, off].masked_fill(~done[..., None, None], 0))  # [b, g, h, dc]
+        self.block.index_put_(old_at, torch.where(done, self.next_block + k_old, -1).to(torch.int32))
+        self.next_block += total
+
+    def _reclaim(self) -> None:
+        """Relabel the live block ids 0.. (statistics move with them) and size the pool for the live ids plus
+        every block the rows can fill by appending up to the capacity (host sync: edits only)."""
+        cap, g = self.capacity, self.group
+        self.block[:, cap] = -1  # the scratch column holds nothing
+        used = self.block >= 0  # [b, cap + 1]
+        live, inverse = torch.unique(self.block[used].long(), return_inverse=True)
+        length, held = self._fill()
+        need = live.numel() + int(((held + cap - length) // g).sum())
+        have = self.pool
+        size = have if need <= have else max(need, 2 * have)
+        for name in ("scale", "offset"):
+            t = getattr(self, name)
+            if t is not None:
+                out = t if size == have else t.new_zeros(size + 1, *t.shape[1:])  # [size + 1, h, d]
+                out[:live.numel()] = t[live]  # same statistics under new ids (a gather: copied first)
+                setattr(self, name, out)
+        self.block[used] = inverse.to(torch.int32)
+        self.next_block.fill_(live.numel())
 
     def read(self, width: int | None = None) -> torch.Tensor:
         """`[b, h, width, d]` decoded values: blocks through their statistics, the residual as stored, empty
@@ -142,7 +180,8 @@ class ChannelStore:
 
     def copy(self, src_rows: torch.Tensor, src_slots: torch.Tensor, dst_rows: torch.Tensor,
              dst_slots: torch.Tensor) -> None:
-        """`KVStore.copy_slots`: codes, block ids and residual entries move; nothing is re-encoded (no sync)."""
+        """`KVStore.copy_slots`: codes, block ids and residual entries move; nothing is re-encoded. Then the
+        ids no slot holds are reclaimed (`_reclaim`, one host sync: an edit)."""
         clear = src_slots < 0  # [n]
         src, dst = (src_rows, self._slot(src_slots)), (dst_rows, self._slot(dst_slots))
         codes = self.codes.transpose(1, 2)  # [b, cap+1, h, dc]
@@ -154,13 +193,17 @@ class ChannelStore:
         codes.index_put_(dst, moved)
         self.block.index_put_(dst, ids)
         held.index_put_((dst_rows, into), kept)
+        self._reclaim()
 
     def reorder(self, index: torch.Tensor) -> None:
-        """Rows become the old rows `index`; forked rows share block ids (the pool is the layer's)."""
+        """Rows become the old rows `index`; forked rows share block ids (the pool is the layer's, sized again
+        for the new rows: `_reclaim`, a host sync)."""
         for name in ("codes", "block", "residual"):
             setattr(self, name, reorder_buffer(getattr(self, name), index))
+        self._reclaim()
 
     def grow(self, capacity: int) -> None:
         old = self.capacity
         self.codes = _regrow(self.codes, old, capacity)
         self.block = _regrow(self.block, old, capacity, -1)
+        self._reclaim()  # room for the blocks the new slots can fill

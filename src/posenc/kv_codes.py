@@ -4,7 +4,8 @@
 also the plain casts float32 / bfloat16 / float16, which have no statistics). Like `ContiguousStore` it
 keeps one scratch slot per row (slot `capacity`) where padding entries (slot -1) land; `nbytes` counts
 the `capacity` slots only, so bytes per token are exact. `write` checks nothing (the caller runs `check`
-first, a host sync except for the float32 / bfloat16 casts); `read`, `copy` and `reorder` make no sync.
+first: a device-side range check, `kv_quant.check_block`); none of `check`, `write`, `read`, `copy` and
+`reorder` makes a host sync.
 """
 
 from __future__ import annotations

@@ -30,7 +30,7 @@ from typing import NamedTuple
 
 import torch
 
-from .errors import Raw, check_float_tensor, fail
+from .errors import Raw, assert_values, check_float_tensor, fail
 
 __all__ = ["KVFormat", "FORMATS", "AXES", "Encoded", "kv_format", "encode", "decode", "error_bound",
            "bytes_per_vector"]
@@ -84,7 +84,11 @@ def kv_format(name: object, *, arg: str = "kv_dtype") -> KVFormat:
 
 
 def check_block(x: object, fmt: KVFormat, arg: str) -> torch.Tensor:
-    """Refuse what the format cannot hold: non-float, odd d for int4, non-finite or beyond float16's range."""
+    """Refuse what the format cannot hold: non-float, odd d for int4, non-finite or beyond float16's range.
+
+    The range is checked on the device (`errors.assert_values`, no host sync): on the CPU in eager mode a
+    failure raises PosencError at once; on an accelerator it surfaces at the next synchronisation.
+    """
     x = check_float_tensor(arg, x)
     if x.ndim < 2:
         fail(arg, "a tensor [..., t, d] of rank >= 2", x)
@@ -92,9 +96,8 @@ def check_block(x: object, fmt: KVFormat, arg: str) -> torch.Tensor:
         fail(arg, "an even number of channels d (int4 packs two channels per byte)", Raw(f"d={x.shape[-1]}"))
     if fmt.kind != "cast" or fmt.name == "float16":
         big = x.detach().abs().amax() if x.numel() else x.new_zeros(())
-        if not bool(big <= HALF_MAX):  # NaN fails too
-            fail(arg, f"finite values within +-{HALF_MAX:g} ({fmt.name} keeps float16 scales)",
-                 Raw(f"max |x| {float(big):.4g}"))
+        assert_values(arg, big <= HALF_MAX, f"finite values within +-{HALF_MAX:g} ({fmt.name} keeps float16 "
+                      "scales)", lambda: Raw(f"max |x| {float(big):.4g}"))  # NaN fails too; on the device
     return x
 
 
@@ -116,7 +119,8 @@ def encode(x: torch.Tensor, fmt: str | KVFormat, axis: str = "token", *, arg: st
     Returns:
         `Encoded`: codes `[..., t, d]` (`[..., t, d/2]` for int4), float16 scale/offset of the stats' shape.
     Raises:
-        PosencError: an unknown format or axis; x not float, odd d for int4, values beyond +-65504 or NaN.
+        PosencError: an unknown format or axis; x not float, odd d for int4, values beyond +-65504 or NaN
+            (the range on the device: see `check_block`).
     """
     fmt = fmt if isinstance(fmt, KVFormat) else kv_format(fmt)
     if axis not in AXES:

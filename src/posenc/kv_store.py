@@ -4,9 +4,11 @@ Keys are a `posenc.kv_channel.ChannelStore` (per channel, in blocks of `group` t
 `posenc.kv_codes.TokenStore` (per token); values are always a `TokenStore`. `QuantizedKVCache` passes
 `QuantStore` to `KVCache(make_store=...)`, so the cache's own append path, edits and policies run over it.
 
-Host syncs: `read`, `copy_slots`, `reorder` make none. `write` makes none for the casts float32 and
-bfloat16; the other formats check the range on the host (`kv_quant.check_block`), and the per-channel key
-store also reads each row's fill on the host (a sync per row) to know which blocks fill.
+Host syncs: `write` and `read` make none, for every format and both key layouts: the value range and the
+per-channel slot order are checked on the device (`kv_quant.check_block`, `ChannelStore.check_slots`:
+PosencError at once on the CPU, `torch._assert_async` on an accelerator), and the per-channel key store
+appends every row at once. `copy_slots` and `reorder` make none with per-token keys; the per-channel key
+store reclaims its statistics pool there (one sync: they are edits), so that appends never need to.
 """
 
 from __future__ import annotations
@@ -56,7 +58,8 @@ class QuantStore:
 
     def write(self, rows: torch.Tensor, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor | None) -> None:
         """As `KVStore.write`; keys and values are checked (format range, per-channel slot order) before
-        anything is written, so a refused call changes nothing."""
+        anything is written, on the device: on the CPU a refused call raises PosencError and changes nothing;
+        on an accelerator the failure surfaces at the next synchronisation (no host sync here)."""
         self.keys.check(k, "k")
         if v is not None:
             self.values.check(v, "v")
@@ -66,8 +69,9 @@ class QuantStore:
         if v is not None:
             self.values.write(rows, slots, v)
 
-    def read(self) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.keys.read(), self.values.read()  # fresh [b, hk, cap, d], [b, hk, cap, dv]
+    def read(self, width: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """`KVStore.read`: only the first `width` slots (default all) are decoded."""
+        return self.keys.read(width), self.values.read(width)  # fresh [b, hk, w, d], [b, hk, w, dv]
 
     def copy_slots(self, src_rows: torch.Tensor, src_slots: torch.Tensor, dst_rows: torch.Tensor,
                    dst_slots: torch.Tensor) -> None:

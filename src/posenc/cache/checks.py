@@ -19,9 +19,10 @@ from typing import Any
 
 import torch
 
-from ..errors import Raw, check_float_tensor, fail, integer_tensor, positions as check_positions
+from ..errors import Raw, check_float_tensor, fail, integer, integer_tensor, positions as check_positions
+from ..rope.spec import Rope
 
-__all__ = ["refuse_unless", "check_new_positions", "check_write"]
+__all__ = ["refuse_unless", "check_new_positions", "check_write", "check_layout", "check_tokens"]
 
 
 def refuse_unless(ok: torch.Tensor, arg: str, expected: str, explain: Callable[[], tuple[str, Any]]) -> None:
@@ -123,3 +124,28 @@ def check_write(k: Any, v: Any, slots: Any, sizes: tuple[int, int, int, int], le
         fail("slots", what.format(b, "lengths"), slots)
     ok = ((slots >= -1) & (slots < lengths[:, None])).all()
     refuse_unless(ok, "slots", what.format(b, "lengths"), lambda: (what.format(b, lengths.tolist()), slots))
+
+
+def check_layout(head_dim: int, block_size: Any, rope: Any, dtype: Any, make_store: Any) -> int | None:
+    """Check a `KVCache`'s block_size (None or >= 1), rope (None or a `posenc.Rope` of `head_dim`), dtype
+    (floating point) and make_store (None with a block_size); return block_size as an int or None.
+
+    Raises:
+        PosencError: naming the argument.
+    """
+    if block_size is not None:
+        block_size = integer("block_size", block_size, min=1, what="None or a positive integer")
+    if rope is not None and (not isinstance(rope, Rope) or rope.head_dim != head_dim):
+        fail("rope", f"None or a posenc.Rope with head_dim={head_dim}", rope)
+    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+        fail("dtype", "a floating-point torch.dtype", dtype)
+    if block_size is not None and make_store is not None:
+        fail("make_store", "None with a block_size (paged storage makes its own stores)", make_store)
+    return block_size
+
+
+def check_tokens(tokens: Any, shape: torch.Size) -> None:
+    """Refuse token ids that are not None or an integer (not bool) tensor of `shape` (naming `tokens`)."""
+    if tokens is not None and (not isinstance(tokens, torch.Tensor) or tokens.shape != shape
+                               or tokens.dtype.is_floating_point or tokens.dtype == torch.bool):
+        fail("tokens", f"None or an integer tensor of shape {tuple(shape)}", tokens)

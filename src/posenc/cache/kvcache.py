@@ -33,7 +33,7 @@ from typing import Any, Callable
 import torch
 
 from . import edit, policy as policies
-from .checks import check_new_positions, check_write
+from .checks import check_layout, check_new_positions, check_tokens, check_write
 from .paged import BlockTable, PagedStore
 from .storage import ContiguousStore, KVStore
 from ..errors import boolean, choice, fail, integer, positions as check_positions
@@ -87,20 +87,13 @@ class KVCache:
                      capacity=capacity, value_dim=head_dim if value_dim is None else value_dim)
         sizes = {arg: integer(arg, value, min=1) for arg, value in sizes.items()}
         num_layers, batch_size, num_kv_heads, head_dim, capacity, value_dim = sizes.values()
-        if block_size is not None:
-            block_size = integer("block_size", block_size, min=1, what="None or a positive integer")
+        block_size = check_layout(head_dim, block_size, rope, dtype, make_store)
         choice("store", store, STORES)
         choice("policy", policy, POLICIES)
         self.absolute = boolean("absolute", absolute)
-        if rope is not None and (not isinstance(rope, Rope) or rope.head_dim != head_dim):
-            fail("rope", f"None or a posenc.Rope with head_dim={head_dim}", rope)
-        if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
-            fail("dtype", "a floating-point torch.dtype", dtype)
         self.rope, self.store, self.policy = rope, store, policy
         self.num_kv_heads, self.head_dim, self.value_dim = num_kv_heads, head_dim, value_dim
         shape = (batch_size, num_kv_heads, capacity, head_dim, value_dim)
-        if block_size is not None and make_store is not None:
-            fail("make_store", "None with a block_size (paged storage makes its own stores)", make_store)
         if block_size is None:
             self.pages = None
             make = ContiguousStore if make_store is None else make_store
@@ -204,9 +197,7 @@ class KVCache:
         """
         mask = self.check_append(positions, mask)
         positions = check_positions("positions", positions, allow_negative=True, check_values=False).long()
-        if tokens is not None and (not isinstance(tokens, torch.Tensor) or tokens.shape != positions.shape
-                                   or tokens.dtype.is_floating_point or tokens.dtype == torch.bool):
-            fail("tokens", f"None or an integer tensor of shape {tuple(positions.shape)}", tokens)
+        check_tokens(tokens, positions.shape)
         if self.growable:
             need = int((self.lengths + mask.sum(dim=1)).max())  # host sync: growth needs the size
             if need > self.capacity:
@@ -278,8 +269,7 @@ class KVCache:
         """
         layer = self._layer(layer)
         w = self.width if width is None else width
-        k, v = self.stores[layer].read()
-        k, v = k[:, :, :w], v[:, :, :w]  # [b, hk, w, d]
+        k, v = self.stores[layer].read(w)  # [b, hk, w, d]
         if self.store == "unrotated" and self.rope is not None:
             cos, sin = key_tables if key_tables is not None else self.tables(self.positions[:, :w])
             k = route.rotate(k, None, cos, sin, None, self.rope.pairing)[0]  # [b, hk, w, d]

@@ -121,8 +121,8 @@ class BlockTable:
 class PagedStore:
     """One layer's block pools `k [num_blocks + 1, block_size, hk, d]`, `v [..., dv]` over a shared `BlockTable`.
 
-    Implements `KVStore` (see `storage.py`) plus `copy_blocks(src, dst)` for copy-on-write. `read()`
-    gathers each row's blocks into `[b, hk, capacity, d]` (a fresh tensor, not a view).
+    Implements `KVStore` (see `storage.py`) plus `copy_blocks(src, dst)` for copy-on-write. `read(width)`
+    gathers the blocks of each row's first `width` slots into `[b, hk, width, d]` (a fresh tensor, not a view).
     """
 
     def __init__(self, pages: BlockTable, capacity: int, num_kv_heads: int, head_dim: int, value_dim: int, *,
@@ -146,11 +146,13 @@ class PagedStore:
         """The block pools themselves, `k [num_blocks + 1, block_size, hk, d]` and `v` (last block: scratch)."""
         return self._k, self._v
 
-    def read(self) -> tuple[torch.Tensor, torch.Tensor]:
+    def read(self, width: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        w = self.capacity if width is None else width
+        table = self.pages.table[:, :-(-w // self.pages.block_size)]  # [b, blocks covering w slots]
         out = []
         for pool in (self._k, self._v):
-            rows = pool[self.pages.table]  # [b, nb, bs, hk, d]
-            out.append(rows.flatten(1, 2)[:, :self.capacity].transpose(1, 2))  # [b, hk, capacity, d]
+            rows = pool[table]  # [b, nb, bs, hk, d]
+            out.append(rows.flatten(1, 2)[:, :w].transpose(1, 2))  # [b, hk, w, d]
         return out[0], out[1]
 
     def write(self, rows: torch.Tensor, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor | None) -> None:

@@ -97,6 +97,6 @@ def rerotate_rows(cache: "KVCache", rows: torch.Tensor, new_positions: torch.Ten
 
         own_slots(cache, at_rows, at_slots)
     for store in cache.stores:
-        keys = store.read()[0][index, :, :w]  # [n, hk, w, d]
+        keys = store.read(w)[0][index]  # [n, hk, w, d]
         turned = apply_rope(keys, cos.to(keys.device), sin.to(keys.device), pairing=pairing)  # [n, hk, w, d]
         store.write(at_rows, at_slots, turned.transpose(1, 2).flatten(0, 1).to(keys.dtype), None)

@@ -10,16 +10,19 @@ Contract every store keeps:
   entry whose slot is -1 is dropped (padding). Destinations of real entries are distinct. `v` may be
   None: keys only (re-rotation), values untouched. No host sync: the cache has already validated the
   indices, the store never reads them on the host.
-- `read() -> (k [b, hk, capacity, d], v [b, hk, capacity, dv])` in the compute dtype (the cache's
-  `dtype`): views for a store that keeps that dtype, fresh tensors for one that converts. Slots never
-  written, or cleared, read as zeros (finite: masked attention multiplies their values by 0).
+- `read(width=None) -> (k [b, hk, w, d], v [b, hk, w, dv])`, the first `w` slots (`width`, default the
+  capacity; 0 <= width <= capacity, the caller's to check) in the compute dtype (the cache's `dtype`):
+  views for a store that keeps that dtype, fresh tensors for one that converts (which converts only
+  those `w` slots). Slots never written, or cleared, read as zeros (finite: masked attention multiplies
+  their values by 0).
 - `copy_slots(src_rows [n], src_slots [n], dst_rows [n], dst_slots [n])`: every destination receives
   what its source held BEFORE the call (sources are read first, so overlapping moves such as compaction
   and row permutation are safe); a source slot of -1 clears the destination to zeros; a destination
-  slot of -1 is dropped. No host sync.
+  slot of -1 is dropped. No host sync (a store may reclaim space here, with one: the quantized
+  per-channel key store does, so that its `write` never has to).
 - `reorder(index [b'])`: rows become the old rows `index` (repeats allowed: forks). With b' == b it works
   in place (views stay live); another b' reallocates, as `grow` does. A store over shared block tables
-  (paged) leaves the tables to their owner and only resizes its pools.
+  (paged) leaves the tables to their owner and only resizes its pools. As `copy_slots`, it may reclaim.
 - `grow(capacity)`: enlarge every row to `capacity` slots (>= the current one), filled slots unchanged,
   new ones zero. The only call that allocates; tensors taken from `read()` before it go stale.
 - `nbytes`: bytes held for keys and values (int), scratch included.
@@ -52,7 +55,7 @@ class KVStore(Protocol):
 
     def write(self, rows: torch.Tensor, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor | None) -> None: ...
 
-    def read(self) -> tuple[torch.Tensor, torch.Tensor]: ...
+    def read(self, width: int | None = None) -> tuple[torch.Tensor, torch.Tensor]: ...
 
     def copy_slots(self, src_rows: torch.Tensor, src_slots: torch.Tensor, dst_rows: torch.Tensor,
                    dst_slots: torch.Tensor) -> None: ...
@@ -132,8 +135,9 @@ class ContiguousStore:
     def nbytes(self) -> int:
         return self._k.nbytes + self._v.nbytes
 
-    def read(self) -> tuple[torch.Tensor, torch.Tensor]:
-        return self._k[:, :, :self.capacity], self._v[:, :, :self.capacity]  # views [b, hk, cap, d]
+    def read(self, width: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        w = self.capacity if width is None else width
+        return self._k[:, :, :w], self._v[:, :, :w]  # views [b, hk, w, d]
 
     def write(self, rows: torch.Tensor, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor | None) -> None:
         at = (rows, scratch_slots(slots, self.capacity))
