@@ -115,8 +115,10 @@ void NAME(const Tensor4 *t, const float *cos, const float *sin, const int64_t *r
     const int64_t xu = heads_inner ? t->xs[2] : t->xs[1], xv = heads_inner ? t->xs[1] : t->xs[2];   \
     const int64_t ou = heads_inner ? t->os[2] : t->os[1], ov = heads_inner ? t->os[1] : t->os[2];   \
     const int64_t row_bytes = t->D * (int64_t)sizeof(ST), pf = PREFETCH_BYTES / row_bytes + 1;       \
-    /* a tensor that fits in L2 (a decode step's q or k, just written) is not prefetched */            \
-    const int prefetch = t->B * t->H * t->T * row_bytes >= PREFETCH_MIN_BYTES;                      \
+    /* a tensor that fits in L2 (a decode step's q or k, just written) is not prefetched, nor one walked as a \
+     * single stream (heads inner, each token's heads right after the last's: the hardware prefetcher's own) */ \
+    const int prefetch = t->B * t->H * t->T * row_bytes >= PREFETCH_MIN_BYTES                       \
+                         && !(heads_inner && xv * nv == xu && ov * nv == ou);                       \
     /* tokens inner (bhtd): 2-byte types walk HEAD_GROUP heads' token streams side by side (one table row each) */ \
     const int64_t group = sizeof(ST) == 2 ? HEAD_GROUP : 1;                                         \
     const int64_t per_b = heads_inner ? nu : (nu + group - 1) / group; /* units of one batch row */ \
