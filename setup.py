@@ -20,5 +20,5 @@ key = build.build_key(Path(__file__).parent / FOLDER)  # every source and header
 setup(ext_modules=[Extension(
     "posenc.kernels." + build.INSTALLED_NAME, [f"{FOLDER}/{name}" for name in build.SOURCES],
     depends=[f"{FOLDER}/{name}" for name in build.HEADERS],  # an edited header rebuilds
-    extra_compile_args=[*build.COMPILE_FLAGS, "-march=native", build.key_define(key)],
-    extra_link_args=["-pthread"], optional=True)])
+    extra_compile_args=[*build.COMPILE_FLAGS, *build.OPENMP_FLAGS, "-march=native", build.key_define(key)],
+    extra_link_args=["-pthread", *build.OPENMP_FLAGS], optional=True)])

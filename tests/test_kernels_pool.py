@@ -10,6 +10,7 @@ checks metadata only and must agree with the reference on every shape it takes, 
 import ctypes
 import inspect
 import os
+from pathlib import Path
 import signal
 import threading
 
@@ -56,16 +57,30 @@ def test_pool_is_reused_across_calls_and_thread_counts(dtype, threads):
     rope, q, k, pos, table = _case(dtype)
     expected = rope.apply(q, k, pos, layout="bthd", impl="reference")
     threads(3)
+    openmp = cpu.pool_openmp()  # parts on torch's OpenMP team: the library starts no threads of its own
     _check(rope, q, k, pos, table, expected)
     started = cpu.pool_workers()
-    assert started >= 2  # the calling thread and two workers (or more, from an earlier call with more threads)
+    assert started == 0 if openmp else started >= 2  # else the caller and two workers (or more, from earlier)
     for _ in range(5):
         _check(rope, q, k, pos, table, expected)
     assert cpu.pool_workers() == started  # the same workers, not new threads per call
     for n in (7, 2, 1, 5, 3):  # more and fewer threads than the pool holds, in any order
         threads(n)
         _check(rope, q, k, pos, table, expected)
-    assert cpu.pool_workers() >= 5  # grown for 7 threads (6 of 128 KiB here, as the bytes allow)
+    assert cpu.pool_workers() == 0 if openmp else cpu.pool_workers() >= 5  # grown for 7 threads (6 of 128 KiB)
+
+
+@pytest.mark.skipif(not Path("/proc/self/maps").exists(), reason="no /proc here")
+def test_openmp_parts_run_on_the_runtime_torch_loaded(threads):
+    # one OpenMP runtime in the process: the library's libgomp.so.1 is torch's (a second pool would contend)
+    if not cpu.pool_openmp():
+        pytest.skip("the kernel was built without OpenMP: its own pthread pool runs the parts")
+    rope, q, k, pos, table = _case(torch.float32)
+    threads(2)
+    _check(rope, q, k, pos, table, rope.apply(q, k, pos, layout="bthd", impl="reference"))
+    runtimes = {line.split()[-1] for line in Path("/proc/self/maps").read_text().splitlines()
+                if "libgomp" in line.split()[-1]}
+    assert len(runtimes) == 1, runtimes
 
 
 def test_decode_step_is_split_between_threads_bit_exact(threads):
@@ -110,8 +125,8 @@ def test_a_forked_child_starts_its_own_pool(threads):
     rope, q, k, pos, table = _case(torch.float32)
     expected = rope.apply(q, k, pos, layout="bthd", impl="reference")
     threads(3)
-    _check(rope, q, k, pos, table, expected)  # the parent's pool is running
-    assert cpu.pool_workers() >= 2
+    _check(rope, q, k, pos, table, expected)  # the parent's pool (or OpenMP's team) is running
+    assert cpu.pool_openmp() or cpu.pool_workers() >= 2
     pid = os.fork()
     if pid == 0:  # the child: the parent's workers did not follow; a hang is killed by the alarm
         code = 1
@@ -125,7 +140,8 @@ def test_a_forked_child_starts_its_own_pool(threads):
             workers = cpu.pool_workers()
             torch.set_num_threads(1)
             exact = torch.equal(qi, expected[0]) and torch.equal(ki, expected[1])
-            code = 0 if exact and inherited == 0 and workers == 2 else 2
+            # OpenMP is not fork-safe: in the child the parts run on the library's own pool
+            code = 0 if exact and inherited == 0 and workers == 2 and not cpu.pool_openmp() else 2
         finally:
             os._exit(code)
     _, status = os.waitpid(pid, 0)

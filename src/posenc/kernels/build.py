@@ -30,9 +30,10 @@ import warnings
 from pathlib import Path
 
 __all__ = ["library", "describe", "load", "build_key", "installed_library", "missing_files", "FLAGS",
-           "COMPILE_FLAGS", "FOLDER", "SOURCES", "HEADERS", "KERNEL_FILES"]
+           "COMPILE_FLAGS", "OPENMP_FLAGS", "FOLDER", "SOURCES", "HEADERS", "KERNEL_FILES"]
 
 COMPILE_FLAGS = ["-O3", "-ffp-contract=off", "-std=gnu11", "-pthread"]  # no FMA: bit-exact vs the reference
+OPENMP_FLAGS = ["-fopenmp"]  # parts on torch's OpenMP team (rope_pool.c); a build without it uses the pthread pool
 FLAGS = [*COMPILE_FLAGS, "-fPIC", "-shared"]
 FOLDER = Path(__file__).parent  # where the kernel's source files are (installed as package data)
 SOURCES = ("rope_cpu.c", "rope_tile.c", "rope_pool.c")  # compiled together into the one library
@@ -110,7 +111,8 @@ def _compile(cc: str, folder: Path, target: Path, key: str) -> None:
     with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
         out = Path(tmp) / target.name
         errors = []
-        for arch in (["-march=native"], []):  # some compilers (or CPUs) reject -march=native
+        # some compilers (or CPUs) reject -march=native; some compilers have no OpenMP
+        for arch in (["-march=native", *OPENMP_FLAGS], [*OPENMP_FLAGS], ["-march=native"], []):
             cmd = [cc, *FLAGS, *arch, key_define(key), "-o", str(out), *(str(folder / name) for name in SOURCES)]
             proc = subprocess.run(cmd, capture_output=True, text=True)
             if proc.returncode == 0:

@@ -28,7 +28,7 @@ from . import build
 
 __all__ = ["available", "rope", "advise_huge_pages", "fits", "RopeArgs", "DTYPES", "PAIRING_CODES",
            "MAX_ROTARY_DIM", "MAX_HEAD_DIM", "BAD_ARGUMENTS", "OVERLAP", "FLAG_HUGE_PAGES", "FLAG_CHECK_OVERLAP",
-           "pack_args", "huge_pages_allowed", "pool_workers"]
+           "pack_args", "huge_pages_allowed", "pool_workers", "pool_openmp"]
 
 PAIRING_CODES = {"split_half": 0, "interleaved": 1, "interleaved_to_split_half": 2}
 DTYPES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2, torch.float64: 3}
@@ -78,6 +78,7 @@ def _declared(lib: ctypes.CDLL) -> ctypes.CDLL:
     lib.posenc_has_f16.restype = ctypes.c_int
     lib.posenc_advise_huge_pages.argtypes = [ctypes.c_void_p, ctypes.c_int64]
     lib.posenc_pool_workers.restype = ctypes.c_int64
+    lib.posenc_pool_openmp.restype = ctypes.c_int64
     return lib
 
 
@@ -163,6 +164,13 @@ def pool_workers() -> int:
     """How many worker threads the C library has started (its pool: see "Every core" in docs/performance.md)."""
     lib = _lib()
     return 0 if isinstance(lib, str) else lib.posenc_pool_workers()
+
+
+def pool_openmp() -> bool:
+    """Whether calls with more than one thread run on the OpenMP team torch uses (a build with OpenMP, not in a
+    forked child), rather than on the library's own pthread pool."""
+    lib = _lib()
+    return False if isinstance(lib, str) else bool(lib.posenc_pool_openmp())
 
 
 def advise_huge_pages(x: torch.Tensor) -> torch.Tensor:

@@ -9,6 +9,13 @@
  * torch.get_num_threads()). One call uses the pool at a time: a call that finds it busy (another Python thread,
  * as ctypes releases the GIL) runs on its own thread, with the same results (each element is computed the same
  * way whichever thread computes it). A forked child starts with no workers (pthread_atfork resets the pool).
+ *
+ * Built with OpenMP (-fopenmp, the default), a call with threads > 1 runs its parts on the OpenMP runtime
+ * instead: the library's libgomp.so.1 is, by that name, the one torch already loaded, so posenc's parts and
+ * torch's own ops share one team of threads. Two pools on the same cores fought: torch's OpenMP workers spin
+ * after each op, and a worker of this pool then shared its core with one (docs/performance.md, "vLLM").
+ * GNU OpenMP is not fork-safe, so a forked child (and a call inside someone's OpenMP parallel region) uses
+ * the pthread pool above.
  */
 #include <pthread.h>
 #include <stdatomic.h>
@@ -16,6 +23,10 @@
 #include <time.h>
 
 #include "rope_pool.h"
+
+#ifdef _OPENMP
+#include <omp.h>
+#endif
 
 #ifndef POOL_SPIN_NS
 /* how long a worker (and a caller waiting for its workers) spins before sleeping: back-to-back calls (a
@@ -36,7 +47,7 @@ static struct {
     int64_t parts;             /* parts of the job */
     void (*job)(void *, int64_t, int64_t);
     void *ctx;                 /* the job's argument (the caller's, valid until all parts are done) */
-    int started, forks_handled;
+    int started, forked;       /* workers started; set in a forked child (OpenMP's threads did not follow) */
 } pool = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER,
           PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0, 0, 0, 0, 0, 0, 0, 0};
 
@@ -97,11 +108,15 @@ static void pool_after_fork(void) { /* in the child: the workers did not survive
     pthread_mutex_init(&pool.done_mu, 0);
     pthread_cond_init(&pool.done_cv, 0);
     pool.started = 0;
+    pool.forked = 1;
+}
+
+__attribute__((constructor)) static void pool_on_load(void) { /* before any fork the library lives through */
+    pthread_atfork(0, 0, pool_after_fork);
 }
 
 /* Start workers until `want` run (fewer when a thread cannot start). Called with pool.callers held. */
 static void pool_grow(int want) {
-    if (!pool.forks_handled) pool.forks_handled = pthread_atfork(0, 0, pool_after_fork) == 0;
     while (pool.started < want) {
         pthread_attr_t attr;
         pthread_t id;
@@ -115,6 +130,14 @@ static void pool_grow(int want) {
 }
 
 void pool_run(int64_t threads, int64_t units, void (*job)(void *, int64_t, int64_t), void *ctx) {
+#ifdef _OPENMP
+    if (threads > 1 && !pool.forked && !omp_in_parallel()) {
+        const int64_t parts = threads * PARTS_PER_THREAD < units ? threads * PARTS_PER_THREAD : units;
+#pragma omp parallel for schedule(static) num_threads((int)threads)
+        for (int64_t i = 0; i < parts; i++) job(ctx, i, parts);
+        return;
+    }
+#endif
     if (threads == 1 || pthread_mutex_trylock(&pool.callers)) {
         job(ctx, 0, 1);
         return;
@@ -146,3 +169,11 @@ void pool_run(int64_t threads, int64_t units, void (*job)(void *, int64_t, int64
 }
 
 int64_t posenc_pool_workers(void) { return pool.started; } /* workers started so far (tests, docs) */
+
+int64_t posenc_pool_openmp(void) { /* 1: calls with threads > 1 run on OpenMP's team in this process */
+#ifdef _OPENMP
+    return !pool.forked;
+#else
+    return 0;
+#endif
+}

@@ -24,4 +24,7 @@ POSENC_INTERNAL void pool_run(int64_t threads, int64_t units, void (*job)(void *
 /* Worker threads started so far (exported: tests and docs read it through ctypes). */
 int64_t posenc_pool_workers(void);
 
+/* 1 when calls with threads > 1 run on the OpenMP runtime (built with -fopenmp, not in a forked child). */
+int64_t posenc_pool_openmp(void);
+
 #endif /* POSENC_ROPE_POOL_H */
