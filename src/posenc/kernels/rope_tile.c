@@ -25,8 +25,8 @@
     if (px)                                                                                           \
         for (int64_t line = 0; line < (bytes); line += 64) __builtin_prefetch((const char *)(px) + line, 1, 3)
 #ifndef HEAD_GROUP
-/* heads walked side by side when tokens are inner, for 2-byte types (a bf16 data row is half a table row, so
- * sharing table rows pays; a float32 row is as large as a table row and one stream per head was faster) */
+/* heads walked side by side when tokens are inner: they share each token's table row (for float32 too: on a
+ * quiet machine two streams beat one, docs/performance.md) */
 #define HEAD_GROUP 2
 #endif
 
@@ -119,8 +119,8 @@ void NAME(const Tensor4 *t, const float *cos, const float *sin, const int64_t *r
      * single stream (heads inner, each token's heads right after the last's: the hardware prefetcher's own) */ \
     const int prefetch = t->B * t->H * t->T * row_bytes >= PREFETCH_MIN_BYTES                       \
                          && !(heads_inner && xv * nv == xu && ov * nv == ou);                       \
-    /* tokens inner (bhtd): 2-byte types walk HEAD_GROUP heads' token streams side by side (one table row each) */ \
-    const int64_t group = sizeof(ST) == 2 ? HEAD_GROUP : 1;                                         \
+    /* tokens inner (bhtd): HEAD_GROUP heads' token streams walked side by side (one table row each) */ \
+    const int64_t group = HEAD_GROUP;                                                               \
     const int64_t per_b = heads_inner ? nu : (nu + group - 1) / group; /* units of one batch row */ \
     if (nv == 0) return;                                                                            \
     for (int64_t j = j0; j < j1; j++) { /* unit j: one token (heads inner) or one head group */    \
@@ -223,7 +223,7 @@ DEFINE_TILE(tile_f16, row_f16, _Float16, F16_FAST, F16_HAS_FAST, 0, NO_HEADS)
 
 int64_t tile_units(const Tensor4 *t, int64_t elem) {
     const int heads_inner = t->T == 1 || t->xs[1] < t->xs[2];
-    const int64_t group = elem == 2 ? HEAD_GROUP : 1;
+    const int64_t group = HEAD_GROUP; (void)elem; /* every dtype walks heads in groups */
     if (t->H == 0 || t->T == 0) return 0;
     return t->B * (heads_inner ? t->T : (t->H + group - 1) / group);
 }
