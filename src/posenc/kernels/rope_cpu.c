@@ -180,7 +180,7 @@ int64_t posenc_rope(const RopeArgs *a) {
     memcpy(q.xs, a->q_strides, sizeof q.xs); memcpy(q.os, a->q_out_strides, sizeof q.os);
     memcpy(k.xs, a->k_strides, sizeof k.xs); memcpy(k.os, a->k_out_strides, sizeof k.os);
     if ((a->flags & FLAG_CHECK_OVERLAP) && a->k && may_overlap(&q, &k, elem)) return OVERLAP;
-    Work all = {a, {&q, a->k ? &k : 0}, {tile_units(&q, elem), a->k ? tile_units(&k, elem) : 0}, 0, 0};
+    Work all = {a, {&q, a->k ? &k : 0}, {tile_units(&q), a->k ? tile_units(&k) : 0}, 0, 0};
     if (all.units[0] + all.units[1] == 0) return 0;
     const int64_t bytes_per_unit[2] = {all.units[0] ? a->batch * a->q_heads * a->tokens * a->head_dim * elem / all.units[0] : 0,
                                        all.units[1] ? a->batch * a->k_heads * a->tokens * a->head_dim * elem / all.units[1] : 0};

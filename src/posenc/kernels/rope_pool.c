@@ -130,9 +130,9 @@ static void pool_grow(int want) {
 }
 
 void pool_run(int64_t threads, int64_t units, void (*job)(void *, int64_t, int64_t), void *ctx) {
+    const int64_t parts = threads * PARTS_PER_THREAD < units ? threads * PARTS_PER_THREAD : units;
 #ifdef _OPENMP
     if (threads > 1 && !pool.forked && !omp_in_parallel()) {
-        const int64_t parts = threads * PARTS_PER_THREAD < units ? threads * PARTS_PER_THREAD : units;
 #pragma omp parallel for schedule(static) num_threads((int)threads)
         for (int64_t i = 0; i < parts; i++) job(ctx, i, parts);
         return;
@@ -143,7 +143,6 @@ void pool_run(int64_t threads, int64_t units, void (*job)(void *, int64_t, int64
         return;
     }
     pool_grow((int)threads - 1);
-    const int64_t parts = threads * PARTS_PER_THREAD < units ? threads * PARTS_PER_THREAD : units;
     pool.job = job;
     pool.ctx = ctx;
     pool.parts = parts;

@@ -221,9 +221,9 @@ DEFINE_ROW(row_f16, _Float16, float, F16_IN, F16_OUT, F16_SIMD, F16_IL)
 DEFINE_TILE(tile_f16, row_f16, _Float16, F16_FAST, F16_HAS_FAST, 0, NO_HEADS)
 #endif
 
-int64_t tile_units(const Tensor4 *t, int64_t elem) {
+int64_t tile_units(const Tensor4 *t) {
     const int heads_inner = t->T == 1 || t->xs[1] < t->xs[2];
-    const int64_t group = HEAD_GROUP; (void)elem; /* every dtype walks heads in groups */
+    const int64_t group = HEAD_GROUP; /* every dtype walks heads in groups */
     if (t->H == 0 || t->T == 0) return 0;
     return t->B * (heads_inner ? t->T : (t->H + group - 1) / group);
 }

@@ -27,8 +27,8 @@ typedef struct {
     int64_t xs[4], os[4];      /* element strides of x and out over (B, H, T, D) */
 } Tensor4;
 
-/* Units of work of one tensor with elements of `elem` bytes. */
-POSENC_INTERNAL int64_t tile_units(const Tensor4 *t, int64_t elem);
+/* Units of work of one tensor: a token with its heads, or a group of HEAD_GROUP heads with their tokens. */
+POSENC_INTERNAL int64_t tile_units(const Tensor4 *t);
 
 /* Rotate units [j0, j1) of t (tile_units) with the tables cos/sin [n_rows, half]; `rows` is the batch row
  * b's table rows at rows + b * rows_b; `pairing` one of SPLIT_HALF, INTERLEAVED, INTERLEAVED_TO_SPLIT_HALF. */

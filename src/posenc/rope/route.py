@@ -232,7 +232,7 @@ def rotate_held(q: torch.Tensor, k: torch.Tensor, rows: torch.Tensor, cos: torch
         kb, kt, hk, kd = ks
     else:  # another layout, or not a string
         return None
-    if kb != b or kt != t or d != head_dim or kd != d or 2 * half > cpu.MAX_ROTARY_DIM or d > cpu.MAX_HEAD_DIM:
+    if kb != b or kt != t or d != head_dim or kd != d or not cpu.fits(2 * half, d):
         return None
     if len(rs) == 1 and rs[0] == t:
         rows_b = 0

@@ -233,7 +233,9 @@ def prefill_decode(subject: Subject, budget: Budget, progress: Any = None) -> Ro
 
 def _blocks(subject: Subject) -> bool:
     """Whether the subject's cache quantizes keys per channel in blocks (`verify --kv-dtype FORMAT:pre`)."""
-    name, _, keys = (subject.kv_dtype or "").partition(":") if _kv(subject) else ("", "", "")
+    if not _kv(subject):
+        return False
+    name, _, keys = subject.kv_dtype.partition(":")
     return keys == "pre" and kv_format(name).kind != "cast"
 
 
