@@ -199,6 +199,39 @@ def test_hot_path_runs_without_the_general_router(monkeypatch):
             call()
 
 
+def test_a_table_holds_what_the_kernel_reads_of_it():
+    # a CPU table holds its addresses, sizes and pairing code (a decode call reads no table metadata); a table
+    # made by hand from strided rows holds contiguous copies (the kernel reads rows as they lie), and rotates
+    # like the reference
+    rope = Rope(head_dim=64, rotary_dim=48, pairing="interleaved")
+    table = rope.table(100)
+    assert table.held == (table.cos.data_ptr(), table.sin.data_ptr(), 100, 24, cpu.PAIRING_CODES["interleaved"])
+    cos_t, sin_t = table.cos.t().contiguous().t(), table.sin.t().contiguous().t()  # column-major
+    by_hand = type(table)(rope, cos_t, sin_t, None, "float32")
+    assert by_hand.cos.is_contiguous() and torch.equal(by_hand.cos, table.cos) and torch.equal(by_hand.sin, table.sin)
+    assert by_hand.held == (by_hand.cos.data_ptr(), by_hand.sin.data_ptr(), 100, 24, 1)
+    q, k, pos = randn(2, 3, 5, 64), randn(2, 1, 5, 64, seed=1), torch.tensor([0, 7, 50, 98, 99])
+    want = rope.apply(q, k, pos, impl="reference")
+    for tb in (table, by_hand):
+        for got in (rope.apply(q, k, pos, table=tb), rope.apply(q, k, pos, table=tb, impl="cpu")):  # held path
+            assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+        got = rope.apply(q[0].transpose(0, 1), k[0].transpose(0, 1), pos, table=tb, layout="thd")  # general path
+        assert torch.equal(got[0], want[0][0].transpose(0, 1)) and torch.equal(got[1], want[1][0].transpose(0, 1))
+
+
+@pytest.mark.parametrize("cos,sin,arg", [
+    (torch.zeros(10, 24, dtype=torch.float64), torch.zeros(10, 24), "cos"),  # float64
+    (torch.zeros(10, 32), torch.zeros(10, 32), "cos"),  # 32 columns for a rotary_dim of 48
+    (torch.zeros(10, 24), torch.zeros(9, 24), "sin"),  # another shape
+    (torch.zeros(10, 24), [[0.0] * 24] * 10, "sin"),  # not a tensor
+    (torch.zeros(10, 2, 12), torch.zeros(10, 2, 12), "cos"),  # 3-d
+])
+def test_a_table_made_by_hand_is_checked(cos, sin, arg):
+    rope = Rope(head_dim=64, rotary_dim=48)
+    with pytest.raises(PosencError, match=f"^{arg}: expected a"):
+        type(rope.table(2))(rope, cos, sin, None, "float32")
+
+
 @st.composite
 def held_cases(draw):
     layout = draw(st.sampled_from(["bhtd", "bthd"]))

@@ -29,7 +29,7 @@ import tempfile
 import warnings
 from pathlib import Path
 
-__all__ = ["library", "describe", "load", "build_key", "installed_library", "missing_files", "FLAGS",
+__all__ = ["library", "loaded", "describe", "load", "build_key", "installed_library", "missing_files", "FLAGS",
            "COMPILE_FLAGS", "OPENMP_FLAGS", "FOLDER", "SOURCES", "HEADERS", "KERNEL_FILES"]
 
 COMPILE_FLAGS = ["-O3", "-ffp-contract=off", "-std=gnu11", "-pthread"]  # no FMA: bit-exact vs the reference
@@ -184,6 +184,11 @@ def _first_use(folder: Path, key: str) -> ctypes.CDLL | str:
 @functools.lru_cache(maxsize=None)  # one dlopen per process: the loaded library is the process's anyway
 def _loaded() -> tuple[ctypes.CDLL | None, str]:
     return load(installed_library())
+
+
+def loaded() -> ctypes.CDLL | None:
+    """The loaded kernel library, or None (`library` says why)."""
+    return _loaded()[0]
 
 
 def library() -> ctypes.CDLL | str:

@@ -87,10 +87,11 @@ def _lib() -> ctypes.CDLL | str:
     return lib if isinstance(lib, str) else _declared(lib)
 
 
+@functools.lru_cache(maxsize=None)  # a pure function of the loaded library (tests that reload it clear both)
 def library_for(dtype: torch.dtype) -> ctypes.CDLL | None:
     """The library when it runs `dtype` here, else None (the hot path's one question)."""
-    lib = build.library()
-    if isinstance(lib, str) or dtype not in DTYPES:
+    lib = build.loaded()
+    if lib is None or dtype not in DTYPES:
         return None
     lib = _declared(lib)
     return lib if dtype is not torch.float16 or lib.posenc_has_f16() else None

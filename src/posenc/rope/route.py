@@ -29,6 +29,9 @@ __all__ = ["rotate", "rotate_held", "resolve_impl", "triton_available", "check_r
 # torch.autograd.graph.increment_version without its Python wrapper (a visible share of a decode call, see
 # benchmarks/call_overhead.py); the public function where a torch lacks the private one
 _increment_version = getattr(torch._C, "_increment_version", None) or torch.autograd.graph.increment_version
+# the hot path's names bound once (each attribute lookup is a visible share of a decode call)
+Tensor, _INT64, _grad_enabled, _num_threads = torch.Tensor, torch.int64, torch.is_grad_enabled, torch.get_num_threads
+_MAX_HALF = cpu.MAX_ROTARY_DIM // 2
 
 
 def _compiling() -> bool:
@@ -189,39 +192,33 @@ def rotate(q: torch.Tensor, k: torch.Tensor | None, cos: torch.Tensor, sin: torc
     return q_out, k_out
 
 
-def _swap12(st: tuple[int, ...]) -> tuple[int, ...]:
-    """Strides over [b, t, h, d] as strides over [b, h, t, d] ("bthd" memory seen as "bhtd")."""
-    return st[0], st[2], st[1], st[3]
-
-
-def rotate_held(q: torch.Tensor, k: torch.Tensor, rows: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                pairing: str, layout: str, head_dim: int, inplace: bool):
+def rotate_held(q: torch.Tensor, k: torch.Tensor, rows: torch.Tensor, held: tuple, layout: str, head_dim: int,
+                inplace: bool):
     """The decode hot path of `Rope.apply(_)` with a held table: metadata checks and one C kernel call.
 
     It takes only what it can run as is: float q and k of one dtype that the kernel runs, on the CPU, in a
     4-d layout ("bhtd" or "bthd") of `head_dim` channels, differing in heads only; contiguous int64 rows
-    `[t]`, `[1, t]` or `[b, t]`; a CPU table; no autograd recording; not under `torch.compile` (the caller
-    checks). It reads no value on the host: the kernel checks the rows and, in place, whether q's and k's
-    memory ranges meet. Every line counts at decode (benchmarks/call_overhead.py times it): one pass over
-    the metadata, strides as torch returns them, one `struct` pack, one foreign call.
+    `[t]`, `[1, t]` or `[b, t]`; no autograd recording; not under `torch.compile` (the caller checks). It
+    reads no value on the host: the kernel checks the rows and, in place, whether q's and k's memory ranges
+    meet. Every line counts at decode (benchmarks/call_overhead.py times it): one pass over the metadata,
+    strides as torch returns them, one `struct` pack, one foreign call.
 
     Args:
         q, k: `[b, hq, t, d]` / `[b, hk, t, d]` ("bhtd") or `[b, t, hq, d]` / `[b, t, hk, d]` ("bthd").
         rows: the table row (position) of each token, `[t]` or `[b, t]`.
-        cos, sin: the held table, `[n, r/2]` float32, contiguous.
+        held: the table's `RopeTable.held` (its CPU addresses, sizes and pairing code).
     Returns:
         `(q_rotated, k_rotated)` (q and k themselves when `inplace`), or None when the call is one for
         `rotate`'s general path, with nothing written: other metadata, a row outside the table, q and k
         whose memory ranges meet (the general path decides exactly, and refuses or rotates).
     """
-    if (type(q) is not torch.Tensor or type(k) is not torch.Tensor or type(rows) is not torch.Tensor
-            or type(layout) is not str):
+    if type(q) is not Tensor or type(k) is not Tensor or type(rows) is not Tensor:
         return None
     dtype = q.dtype
-    if (k.dtype is not dtype or rows.dtype is not torch.int64 or not (q.is_cpu and k.is_cpu and rows.is_cpu and cos.is_cpu)
-            or torch.is_grad_enabled() and (q.requires_grad or k.requires_grad)):
+    if (k.dtype is not dtype or rows.dtype is not _INT64 or not (q.is_cpu and k.is_cpu and rows.is_cpu)
+            or _grad_enabled() and (q.requires_grad or k.requires_grad)):
         return None
-    qs, ks, rs, (n, half) = q.shape, k.shape, rows.shape, cos.shape
+    qs, ks, rs = q.shape, k.shape, rows.shape
     if len(qs) != 4 or len(ks) != 4 or not rows.is_contiguous():
         return None
     if layout == "bhtd":
@@ -232,7 +229,8 @@ def rotate_held(q: torch.Tensor, k: torch.Tensor, rows: torch.Tensor, cos: torch
         kb, kt, hk, kd = ks
     else:  # another layout, or not a string
         return None
-    if kb != b or kt != t or d != head_dim or kd != d or not cpu.fits(2 * half, d):
+    cos, sin, n, half, pairing = held
+    if kb != b or kt != t or d != head_dim or kd != d or half > _MAX_HALF or d > cpu.MAX_HEAD_DIM:
         return None
     if len(rs) == 1 and rs[0] == t:
         rows_b = 0
@@ -251,12 +249,11 @@ def rotate_held(q: torch.Tensor, k: torch.Tensor, rows: torch.Tensor, cos: torch
         qop, kop, qo4, ko4 = q_out.data_ptr(), k_out.data_ptr(), q_out.stride(), k_out.stride()
         large = b * (hq + hk) * t * d * q.element_size() >= cpu.LARGE_OUTPUT_BYTES  # bytes of the outputs
         flags = cpu.FLAG_HUGE_PAGES if large and cpu.huge_pages_allowed() else 0
-    if layout == "bthd":  # strides over [b, h, t, d]
-        q4, k4, qo4, ko4 = _swap12(q4), _swap12(k4), _swap12(qo4), _swap12(ko4)
+    if layout == "bthd":  # strides over [b, h, t, d]: dims 1 and 2 swap
+        q4, k4, qo4, ko4 = ((s[0], s[2], s[1], s[3]) for s in (q4, k4, qo4, ko4))
     ret = lib.posenc_rope(cpu.pack_args(
-        qp, qop, kp, kop, cos.data_ptr(), sin.data_ptr(), rows.data_ptr(), b, hq, hk, t, d,
-        *q4, *qo4, *k4, *ko4, n, half, rows_b, cpu.DTYPES[dtype], cpu.PAIRING_CODES[pairing],
-        torch.get_num_threads(), flags))
+        qp, qop, kp, kop, cos, sin, rows.data_ptr(), b, hq, hk, t, d, *q4, *qo4, *k4, *ko4, n, half, rows_b,
+        cpu.DTYPES[dtype], pairing, _num_threads(), flags))
     if ret != 0:
         return None  # nothing written: the general path names what is wrong (or rotates aliasing-free views)
     if inplace:  # the kernel wrote through ctypes: tell autograd, as a torch in-place op would

@@ -26,6 +26,8 @@ from .scaling import Default, Scaling, check_base, check_seq_len
 
 __all__ = ["Rope"]
 
+_compiling = torch.compiler.is_compiling  # bound once: the decode hot path calls it
+
 _RANKS = {"bhtd": 4, "bthd": 4, "thd": 3}  # the layouts q and k may come in, and their ranks
 
 
@@ -251,6 +253,12 @@ class Rope:
             PosencError: non-float q/k, wrong head_dim, mismatched shapes, non-integer or negative positions,
                 an impl that cannot run here, a table of another Rope or positions outside it.
         """
+        if (type(table) is RopeTable and table.held is not None and table.rope is self and seq_len is None
+                and compute_dtype is None and (impl is None or impl == "cpu") and precision == table.precision
+                and not _compiling()):  # the decode hot path (None: a call for the general path)
+            out = route.rotate_held(q, k, position_ids, table.held, layout, self.head_dim, False)
+            if out is not None:
+                return out
         return self._apply(q, k, position_ids, False, layout, seq_len, precision, allow_negative, compute_dtype, impl, table)
 
     # apply's keywords, spelled out (a **options dict would cost ~0.3 us per decode call)
@@ -271,16 +279,16 @@ class Rope:
         Raises:
             PosencError: as `apply`; also q and k that share memory, or a leaf tensor that requires grad.
         """
+        if (type(table) is RopeTable and table.held is not None and table.rope is self and seq_len is None
+                and compute_dtype is None and (impl is None or impl == "cpu") and precision == table.precision
+                and not _compiling()):  # the decode hot path, as in apply
+            out = route.rotate_held(q, k, position_ids, table.held, layout, self.head_dim, True)
+            if out is not None:
+                return out
         return self._apply(q, k, position_ids, True, layout, seq_len, precision, allow_negative, compute_dtype, impl, table)
 
     def _apply(self, q, k, position_ids, inplace, layout, seq_len, precision, allow_negative, compute_dtype, impl, table):
         # apply and apply_ pass every argument by position: keyword passing is a visible share of a decode call
-        if (table is not None and impl in (None, "cpu") and compute_dtype is None and seq_len is None
-                and type(table) is RopeTable and table.rope is self and precision == table.precision
-                and not torch.compiler.is_compiling()):  # the decode hot path (None: not one for it)
-            out = route.rotate_held(q, k, position_ids, table.cos, table.sin, self.pairing, layout, self.head_dim, inplace)
-            if out is not None:
-                return out
         self._check_x("q", q, layout)  # metadata only: values are checked in the kernel (no host sync)
         self._check_x("k", k, layout)
         qs, ks, heads = q.shape, k.shape, q.ndim + LAYOUTS[layout][2]

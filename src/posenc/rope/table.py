@@ -22,7 +22,7 @@ not depend on where an element sits in a tensor; tests/test_kernels.py checks it
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import torch
@@ -45,6 +45,11 @@ class RopeTable:
         seq_len: the length a length-dependent scaling was evaluated at (None for a scaling that does
             not depend on the length).
         precision: "float32" or "exact", as `Rope.cos_sin`.
+        held: what the CPU kernel reads of the table, `(cos address, sin address, rows, r/2, pairing code)`,
+            taken once when the table is made (None for a table on another device): a decode call then
+            reads no table metadata. A table is a value: its tensors are not to be changed in place.
+
+    Made by hand, `cos` and `sin` are checked (float32 `[n, r/2]`, one shape, one device) and made contiguous.
     """
 
     rope: "Rope"
@@ -52,6 +57,22 @@ class RopeTable:
     sin: torch.Tensor
     seq_len: int | None
     precision: str
+    held: tuple[int, int, int, int, int] | None = field(init=False, repr=False)
+
+    def __post_init__(self):
+        from ..kernels.cpu import PAIRING_CODES
+
+        cos, sin = self.cos, self.sin
+        for arg, x in (("cos", cos), ("sin", sin)):  # a table made by hand is checked like one from Rope.table
+            if type(x) is not torch.Tensor or x.dtype != torch.float32 or x.shape != (x.shape[0], self.rope.rotary_dim // 2):
+                fail(arg, f"a float32 tensor [n, {self.rope.rotary_dim // 2}] (rotary_dim / 2 columns)", x)
+        if sin.shape != cos.shape or sin.device != cos.device:
+            fail("sin", f"a tensor of cos's shape {tuple(cos.shape)} on its device ({cos.device})", sin)
+        cos, sin = cos.contiguous(), sin.contiguous()  # the rows the kernels read, as Rope.table makes them
+        object.__setattr__(self, "cos", cos)
+        object.__setattr__(self, "sin", sin)
+        held = (cos.data_ptr(), sin.data_ptr(), *cos.shape, PAIRING_CODES[self.rope.pairing]) if cos.is_cpu else None
+        object.__setattr__(self, "held", held)
 
     @property
     def rows(self) -> int:
@@ -93,4 +114,4 @@ def make_table(rope: "Rope", rows: int, *, seq_len: int | None, precision: str, 
     inv, factor = rope.angle_freq(seq_len)  # [r/2], signed by the rope's direction
     positions = torch.arange(rows, device=device)  # [n]
     cos, sin = tables.cos_sin(positions, inv, factor, precision)  # [n, r/2] each
-    return RopeTable(rope, cos.contiguous(), sin.contiguous(), seq_len, precision)
+    return RopeTable(rope, cos, sin, seq_len, precision)
