@@ -56,6 +56,8 @@ def test_llama4_temperature_on_nope_layers_matches_its_attention_formula():
     # transformers' Llama4TextAttention: log1p(floor((positions + 1) / floor_scale)) * attn_scale + 1, float32
     want = torch.log1p(torch.floor((pos.float() + 1.0) / 8192)) * 0.1 + 1.0
     assert torch.equal(temps[3].scale(pos), want)
+    far = torch.arange(0, 8192 * 1024, 2048)  # every step up to 1024, where log1p and log(1 + x) part
+    assert torch.equal(temps[3].scale(far), torch.log1p(torch.floor((far.float() + 1.0) / 8192)) * 0.1 + 1.0)
     closed = [1 + 0.1 * math.log(1 + math.floor((p + 1) / 8192)) for p in pos.tolist()]  # float64
     assert torch.allclose(temps[3].scale(pos).double(), torch.tensor(closed, dtype=torch.float64), rtol=1e-6)
     assert posenc.hf.layer_temperatures({**LLAMA4, "attn_temperature_tuning": False}) == (None,) * 8
@@ -66,10 +68,16 @@ def test_ministral3_temperature_matches_transformers_function():
 
     config = AutoConfig.for_model("ministral3")
     temps = posenc.hf.layer_temperatures(config)
-    assert len(set(temps)) == 1 and temps[0] == QueryTemperature(beta=0.1, floor_scale=16384, offset=0)
+    assert len(set(temps)) == 1 and temps[0] == QueryTemperature(beta=0.1, floor_scale=16384, offset=0, log="log")
     pos = torch.tensor([[0, 16383, 16384, 50000, 262143]])
     want = get_llama_4_attn_scale(pos, 0.1, 16384)[0, 0, :, 0]  # [t]
     assert torch.equal(temps[0].scale(pos[0]), want)
+    # far past the model's length too, where float32 log1p(x) and log(1 + x) part (x = 178, 401, ...): every
+    # step up to 1024, bit for bit (log1p differs at some of them: the test sees the spelling)
+    pos = torch.arange(0, 16384 * 1024, 4096).view(1, -1)
+    want = get_llama_4_attn_scale(pos, 0.1, 16384)[0, 0, :, 0]
+    assert torch.equal(temps[0].scale(pos[0]), want)
+    assert not torch.equal(QueryTemperature(beta=0.1, floor_scale=16384).scale(pos[0]), want)
     assert posenc.hf.layer_temperatures(config.to_dict()) == temps
 
 
@@ -80,6 +88,8 @@ def test_bad_temperature_values_are_named():
         posenc.hf.layer_temperatures({**LLAMA4, "floor_scale": 0})
     with pytest.raises(posenc.PosencError, match="beta"):
         QueryTemperature(beta=-1.0, floor_scale=8192)
+    with pytest.raises(posenc.PosencError, match=r"^log: expected one of \('log1p', 'log'\), got 'ln'"):
+        QueryTemperature(beta=0.1, floor_scale=8192, log="ln")
 
 
 def test_dict_of_a_type_outside_the_table_gets_its_config_class_defaults():

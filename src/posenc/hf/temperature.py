@@ -36,7 +36,7 @@ def layer_temperatures(config: Any) -> tuple[QueryTemperature | None, ...]:
         if floor is None:
             fail("config['rope_parameters']['original_max_position_embeddings']",
                  "the step length of llama_4_scaling_beta's temperature", floor)
-        return (QueryTemperature(beta=beta, floor_scale=floor, offset=0),) * layers
+        return (QueryTemperature(beta=beta, floor_scale=floor, offset=0, log="log"),) * layers
     if not boolean("config['attn_temperature_tuning']", cfg.get("attn_temperature_tuning", False)):
         return (None,) * layers
     # Llama 4 (Llama4TextConfig defaults: floor_scale 8192, attn_scale 0.1): only the layers without RoPE
