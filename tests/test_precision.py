@@ -114,3 +114,15 @@ def test_bf16_input_uses_float32_angles():
     # the hazard this avoids: angles made from bf16 positions are off by whole radians
     bad = pos.bfloat16().double()[:, None] * inv
     assert (bad - ang).abs().max() > 1.0
+
+
+def test_two_pi_parts_sum_to_two_pi_and_the_first_multiplies_exactly():
+    # the Cody-Waite split the reduction (and the Triton kernels) use: parts summing to 2*pi within 1e-31, the
+    # first with at most 24 significant bits, so k * part for |k| < 2**29 is exact in float64 (53 bits)
+    mpmath.mp.prec = 200
+    hi, mid, lo = tables.TWO_PI_PARTS
+    assert abs(mpmath.mpf(hi) + mpmath.mpf(mid) + mpmath.mpf(lo) - 2 * mpmath.pi) < 1e-31
+    mantissa, _ = mpmath.frexp(mpmath.mpf(hi))
+    assert (mantissa * 2**24) == int(mantissa * 2**24)  # 24 significant bits
+    assert hi == float(torch.tensor(2 * mpmath.pi, dtype=torch.float64).float())  # float32(2*pi)
+    assert mpmath.mpf(mid) == mpmath.mpf(float(2 * mpmath.pi)) - mpmath.mpf(hi)  # float64(2*pi) - hi, exactly

@@ -14,7 +14,7 @@ import triton.language as tl
 
 from ..errors import fail
 from .triton_rope import _ANGLES, _PAIRING, _cos_sin, _rotate_block, block_sizes
-from ..rope.tables import _TWO_PI_HI, _TWO_PI_LO, _TWO_PI_MID
+from ..rope.tables import TWO_PI_PARTS
 
 __all__ = ["rope_append_kv"]
 
@@ -79,7 +79,7 @@ def rope_append_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_ca
     _append_kernel[grid](
         k, v, k_cache, v_cache, cos, sin, positions, slots, *k.stride(), *k_cache.stride(), *v.stride(),
         *v_cache.stride(), hk, t, batch_stride(positions), batch_stride(slots), half, d, v.shape[3],
-        float(factor), _TWO_PI_HI, _TWO_PI_MID, _TWO_PI_LO,
+        float(factor), *TWO_PI_PARTS,
         BLOCK_T=bt, BLOCK_H=bh, BLOCK_HALF=bhalf, BLOCK_PASS=bpass, BLOCK_DV=triton.next_power_of_2(v.shape[3]),
         PAIRING=_PAIRING[pairing], ANGLES=_ANGLES[angles], ROUND_BF16=k.dtype == torch.bfloat16,
     )

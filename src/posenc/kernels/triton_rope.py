@@ -16,7 +16,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ..rope.tables import _TWO_PI_HI, _TWO_PI_LO, _TWO_PI_MID
+from ..rope.tables import TWO_PI_PARTS
 
 __all__ = ["rotate"]
 
@@ -156,7 +156,7 @@ def rotate(q: torch.Tensor, k: torch.Tensor, q_out: torch.Tensor, k_out: torch.T
         return
     _rope_kernel[grid](
         q, k, q_out, k_out, cos, sin, rows, *q.stride(), *q_out.stride(), *k.stride(), *k_out.stride(),
-        hq, hk, t, rows_b, half, d, float(factor), _TWO_PI_HI, _TWO_PI_MID, _TWO_PI_LO,
+        hq, hk, t, rows_b, half, d, float(factor), *TWO_PI_PARTS,
         BLOCK_T=bt, BLOCK_H=bh, BLOCK_HALF=bhalf, BLOCK_PASS=bpass, PAIRING=_PAIRING[pairing],
         ANGLES=_ANGLES[angles], INVERSE=inverse, COPY_PASS=copy_pass, ROUND_BF16=q.dtype == torch.bfloat16,
     )

@@ -34,16 +34,16 @@ import torch
 
 from ..errors import choice, fail, positions as check_positions
 
-__all__ = ["angles", "cos_sin", "cos_sin_from_angles", "check_precision", "PRECISIONS"]
+__all__ = ["TWO_PI_PARTS", "angles", "cos_sin", "cos_sin_from_angles", "check_precision", "PRECISIONS"]
 
 Precision = Literal["float32", "exact"]
 PRECISIONS = ("float32", "exact")
 
-# 2*pi in three parts (Cody-Waite): _TWO_PI_HI has 24 significant bits, so k * _TWO_PI_HI is exact in
-# float64 for |k| < 2**29; _TWO_PI_MID is float64(2*pi) - _TWO_PI_HI (exact); _TWO_PI_LO is 2*pi - float64(2*pi).
-_TWO_PI_HI = 6.2831854820251465  # float32(2*pi)
-_TWO_PI_MID = 2 * math.pi - _TWO_PI_HI
-_TWO_PI_LO = 2.4492935982947064e-16
+# 2*pi in three parts (Cody-Waite): the first has 24 significant bits, so k * TWO_PI_PARTS[0] is exact in
+# float64 for |k| < 2**29; the second is float64(2*pi) minus the first (exact); the third 2*pi - float64(2*pi).
+# Public: the Triton kernels reduce phases with the same three parts.
+TWO_PI_PARTS = (6.2831854820251465, 2 * math.pi - 6.2831854820251465, 2.4492935982947064e-16)
+_TWO_PI_HI, _TWO_PI_MID, _TWO_PI_LO = TWO_PI_PARTS
 _EXACT_LIMIT = 2**29  # |p| below this keeps p * float32 frequency exact in float64
 
 
