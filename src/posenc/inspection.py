@@ -6,6 +6,10 @@ after scaling with the number of full turns within the original length L0 and th
 the KV-cache memory per request and per batch. Configs come from a `config.json` path, a directory holding
 one, or a bundled preset (`preset_names()`).
 
+This module holds the report (`inspect_model`, `inspect_source`) and the KV-cache memory arithmetic; reading
+configs, presets and lengths is in `posenc.inspect_config`, the RoPE facts in `posenc.inspect_rope`, and the
+text rendering in `posenc.inspect_text` (the names of the first two are re-exported here).
+
 Memory is in GiB (2**30 bytes): LLaMA-2-7B caches 2 x 32 layers x 32 KV heads x 128 x 2 bytes = 512 KiB per
 token in fp16, so 4096 tokens take 2 GiB:
 
@@ -17,117 +21,20 @@ token in fp16, so 4096 tokens take 2 GiB:
 
 from __future__ import annotations
 
-import json
-import math
-import re
-from importlib import resources
-from pathlib import Path
 from typing import Any
 
 from .errors import PosencError, Raw, choice, fail, integer, prefix, real
 from . import hf
 from .hf import KVFacts, config_to_dict, kv_cache_facts, max_positions
-from .hf.conventions import convention
-from .rope import scaling as sc
-from .rope.spec import Rope
+# MAX_TOKENS (unused here) stays importable from posenc.inspection: plots.py reads ins.MAX_TOKENS
+from .inspect_config import MAX_TOKENS, length_label, load_config, load_preset, parse_lengths, preset_names
+from .inspect_rope import _branch_facts, _kv_sharing, _ropes, rope_facts, target_lengths
 
 __all__ = ["load_config", "load_preset", "inspect_source", "preset_names", "parse_lengths", "kv_cache_facts", "kv_bytes", "element_bytes", "kv_label", "rope_facts", "inspect_model",
            "max_tokens", "target_lengths", "length_label", "DTYPE_BYTES", "KVFacts"]
 
 DTYPE_BYTES = {"fp32": 4.0, "fp16": 2.0, "bf16": 2.0, "fp8": 1.0, "int4": 0.5}  # int4: without quantisation scales
 GIB = 2**30
-MAX_TOKENS = 2**32  # 4096m tokens: a length beyond it is a typo, not a model (the longest contexts are ~10m)
-
-
-# ---------------------------------------------------------------------------------------------- loading
-def preset_names() -> list[str]:
-    """The names of the bundled model configs, sorted (e.g. "llama-2-7b")."""
-    folder = resources.files("posenc") / "presets"
-    return sorted(p.name[: -len(".json")] for p in folder.iterdir() if p.name.endswith(".json"))
-
-
-def load_config(model_or_config: str) -> tuple[dict[str, Any], str]:
-    """Read a model config: a path to a config.json, a directory holding one, or a bundled preset name.
-
-    Args:
-        model_or_config: the path or preset name (case-insensitive).
-    Returns:
-        `(config dict, where it came from)`.
-    Raises:
-        PosencError: no such file, directory or preset; a file that is not a JSON object.
-    """
-    if not isinstance(model_or_config, str) or not model_or_config:
-        fail("MODEL_OR_CONFIG", "a path or a preset name", model_or_config)
-    path = Path(model_or_config).expanduser()
-    if path.is_dir():
-        path = path / "config.json"
-        if not path.is_file():
-            fail("MODEL_OR_CONFIG", "a directory holding config.json", f"{model_or_config!r} without one")
-    if path.is_file():
-        try:
-            cfg = json.loads(path.read_text())
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-            fail("MODEL_OR_CONFIG", "a readable JSON file", f"{str(path)!r} ({e})")
-        if not isinstance(cfg, dict):
-            fail("MODEL_OR_CONFIG", "a JSON object (a transformers config.json)", f"{type(cfg).__name__} in {str(path)!r}")
-        return cfg, str(path)
-    name = model_or_config.lower()
-    if name in preset_names():
-        return load_preset(name), f"preset {name}"
-    if path.suffix == ".json" or "/" in model_or_config or "\\" in model_or_config:  # meant as a path
-        fail("MODEL_OR_CONFIG", "an existing config.json or directory", Raw(f"{model_or_config!r} (file not found)"))
-    fail("MODEL_OR_CONFIG", f"a config.json, a directory holding one, or a preset ({', '.join(preset_names())})",
-         model_or_config)
-
-
-def load_preset(name: str) -> dict[str, Any]:
-    """The config.json dict of a bundled model (`preset_names()` lists them), ready for `from_hf_config`.
-
-        >>> cfg = load_preset("llama-3.2-1b")
-        >>> cfg["model_type"], cfg["rope_scaling"]["rope_type"]
-        ('llama', 'llama3')
-
-    Args:
-        name: a preset name such as "llama-3.1-8b" (case-insensitive).
-    Returns:
-        A fresh dict (changing it does not change the preset).
-    Raises:
-        PosencError: no such preset.
-    """
-    names = preset_names()
-    if not isinstance(name, str) or name.lower() not in names:
-        fail("name", f"a bundled preset ({', '.join(names)})", name)
-    return json.loads((resources.files("posenc") / "presets" / f"{name.lower()}.json").read_text())
-
-
-def parse_lengths(text: str, arg: str = "--lengths") -> list[int]:
-    """Token counts from "4k,32k,128k" (k = 1024, m = 1024**2) or plain integers.
-
-    Args:
-        text: the comma-separated counts.
-        arg: the option's name for messages.
-    Returns:
-        The counts, in the order given.
-    Raises:
-        PosencError: empty text, a count that is not a whole number in [1, MAX_TOKENS].
-    """
-    lengths = []
-    for item in str(text).split(","):
-        match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([kKmM]?)\s*", item)
-        if not match:
-            fail(arg, "comma-separated token counts such as 4k,32k,128k or 4096", text)
-        value = float(match.group(1)) * {"": 1, "k": 1024, "m": 1024**2}[match.group(2).lower()]
-        if value != int(value) or not 0 < value <= MAX_TOKENS:
-            fail(arg, f"whole numbers of tokens in [1, {MAX_TOKENS}] ({length_label(MAX_TOKENS)})", item.strip())
-        lengths.append(int(value))
-    return lengths
-
-
-def length_label(tokens: int) -> str:
-    """4096 -> "4k", 131072 -> "128k", 1048576 -> "1m", 4000 -> "4000"."""
-    if tokens % 1024**2 == 0:
-        return f"{tokens // 1024**2}m"
-    return f"{tokens // 1024}k" if tokens % 1024 == 0 else str(tokens)
 
 
 # ---------------------------------------------------------------------------------------------- memory
@@ -156,37 +63,6 @@ def kv_label(kv_dtype: str) -> str:
     return label(kv_dtype, "post")
 
 
-# ---------------------------------------------------------------------------------------------- RoPE facts
-def _scaling_params(scaling: Any) -> dict[str, Any]:
-    params = {k: v for k, v in vars(scaling).items() if k not in ("short_factor", "long_factor")}
-    if isinstance(scaling, sc.LongRoPE):
-        params["short_factor"] = f"{len(scaling.short_factor)} values in [{min(scaling.short_factor):.4g}, {max(scaling.short_factor):.4g}]"
-        params["long_factor"] = f"{len(scaling.long_factor)} values in [{min(scaling.long_factor):.4g}, {max(scaling.long_factor):.4g}]"
-    return params
-
-
-def target_lengths(rope: Rope, cfg: dict[str, Any]) -> tuple[int, int]:
-    """`(L0, L1)`: the original (training) length and the target length the scaling is meant to reach.
-
-    L0 is `original_max_position_embeddings` when the scaling or config states it; for linear scaling
-    without it, `L1 / factor`; else `max_position_embeddings`. L1 is `max_position_embeddings`, or
-    `L0 * factor` for dynamic NTK (whose config states only the original length).
-    """
-    declared = max_positions(cfg)
-    scaling = rope.scaling
-    original = getattr(scaling, "original_max_positions", None) or getattr(scaling, "max_positions", None)
-    stated = hf.original_max_positions(cfg)
-    original = original or stated or declared
-    if original is None:
-        fail("config['max_position_embeddings']", "a positive integer (the trained length)", "nothing (key missing)")
-    if isinstance(scaling, sc.Linear) and original == declared and not stated:
-        original = int(declared / scaling.factor)  # PI: positions up to L1 land where L1 / factor did in training
-    target = declared
-    if isinstance(scaling, sc.DynamicNTK) or target is None:
-        target = int(original * getattr(scaling, "factor", 1.0))
-    return int(original), int(target)
-
-
 def max_tokens(facts: KVFacts, budget_bytes: float, dtype: str, batch: int = 1) -> int | None:
     """The longest request whose cache (times `batch`) fits in `budget_bytes`; None if every layer is windowed."""
     if all(w is not None for w in facts.windows) and batch * kv_bytes(facts, 2**62, dtype) <= budget_bytes:
@@ -198,91 +74,7 @@ def max_tokens(facts: KVFacts, budget_bytes: float, dtype: str, batch: int = 1) 
     return low
 
 
-def rope_facts(rope: Rope, original: int, target: int) -> dict[str, Any]:
-    """Per rotation pair: wavelength (tokens) unscaled and scaled at `target`, and full turns within each length.
-
-    Args:
-        rope: the embedding.
-        original: L0, the length the model was trained at.
-        target: L1, the length the scaling aims for (length-dependent rules are evaluated at L1).
-    Returns:
-        A dict of scalars and per-pair lists (`wavelength`, `scaled_wavelength`, `turns_l0`, `turns_l1`, `stretch`).
-    """
-    inv0, _ = sc.Default().inv_freq(rope.base, rope.rotary_dim)  # [r/2] the unscaled ladder
-    inv1, factor = rope.inv_freq(target)  # [r/2] what the model uses at L1
-    # a pair with frequency 0 (p-RoPE's upper pairs) never turns: wavelength inf, 0 turns
-    wave0 = [2 * math.pi / float(f) if f > 0 else math.inf for f in inv0.double()]
-    wave1 = [2 * math.pi / float(f) if f > 0 else math.inf for f in inv1.double()]
-    facts: dict[str, Any] = {
-        "head_dim": rope.head_dim,
-        "rotary_dim": rope.rotary_dim,
-        "pairing": rope.pairing,
-        "base": rope.base,
-        "scaling": rope.scaling.name,  # type: ignore[attr-defined]
-        "scaling_params": _scaling_params(rope.scaling),
-        "attention_factor": rope.attention_factor,
-        "attention_factor_at_l1": factor,
-        "softmax_scale_factor": rope.softmax_scale_factor,
-        "direction": rope.direction,  # -1: turns by -theta (nanochat); wavelengths and turns are the same
-        "mrope_section": list(rope.mrope_section) if rope.mrope_section else None,
-        "l0": original,
-        "l1": target,
-        "wavelength": wave0,
-        "scaled_wavelength": wave1,
-        "turns_l0": [original / w for w in wave0],
-        "turns_l1": [target / w for w in wave1],
-        "stretch": [b / a for a, b in zip(wave0, wave1)],
-    }
-    if isinstance(rope.scaling, sc.YaRN):
-        facts["yarn_correction_range"] = list(rope.scaling.correction_range(rope.base, rope.rotary_dim))
-        facts["yarn_ramp"] = rope.scaling.ramp(rope.base, rope.rotary_dim).tolist()
-    return facts
-
-
-def _ropes(cfg: dict[str, Any]) -> list[tuple[str, Rope]]:
-    """`[(layers it applies to, Rope)]`: one entry, or one per layer type when they differ (Gemma 3); layer types
-    and single layers without RoPE (Cohere 2's global layers, SmolLM3's NoPE layers) are left out of the labels."""
-    every = hf.rope_by_layer_type(cfg)
-    by_type = {t: r for t, r in every.items() if r is not None}
-    try:
-        without = [i for i, r in enumerate(hf.layer_ropes(cfg)) if r is None]
-    except PosencError:  # no layer count: per layer type only
-        without = []
-    uniform = len(set(by_type.values())) == 1 and len(by_type) == len(every)
-    entries = [("all layers", next(iter(by_type.values())))] if uniform else [
-        (f"{t} layers", r) for t, r in by_type.items()]
-    if without and uniform:
-        entries = [(f"all layers but {without} (no RoPE)", entries[0][1])]
-    return entries
-
-
-def _branch_facts(cfg: dict[str, Any]) -> list[dict[str, Any]]:
-    """`[{branch, head_dim, rotary_dim, pairing, base, scaling, direction}]` for a model whose layers rotate with
-    more than one table or pairing (DeepSeek-V4's main / compress, DSA indexers; `posenc.hf.branch_ropes`); []
-    for every other model, and for a DSA model without one table for every layer (dots3's per-layer-type
-    tables, Mistral Large 4's NoPE layers: `branch_ropes` takes that one table; the RoPE blocks show them)."""
-    conv = convention(hf.text_config(cfg))
-    if not conv.rope_keys and conv.indexer is None:
-        return []
-    if not conv.rope_keys:
-        try:
-            hf.rope_from_hf_config(cfg)
-        except PosencError:  # a table per layer type or NoPE layers (real config errors surfaced in _ropes)
-            return []
-    return [{"branch": name, "head_dim": r.head_dim, "rotary_dim": r.rotary_dim, "pairing": r.pairing, "base": r.base,
-             "scaling": r.scaling.name, "direction": r.direction}  # type: ignore[attr-defined]
-            for name, r in hf.branch_ropes(cfg).items()]
-
-
-def _kv_sharing(cfg: dict[str, Any]) -> list[list[int]]:
-    """`[[layer, source layer]]` for the layers that reuse an earlier layer's rotated keys and rotate only q
-    (Gemma 3n / Gemma 4 `num_kv_shared_layers`, Mistral Large 4 `kv_source_layers`; `posenc.hf.kv_sources`)."""
-    text = hf.text_config(cfg)
-    if not text.get("num_kv_shared_layers") and text.get("kv_source_layers") is None:
-        return []
-    return [[i, source] for i, source in enumerate(hf.kv_sources(cfg)) if source is not None]
-
-
+# ---------------------------------------------------------------------------------------------- the report
 def inspect_model(
     config: Any,
     *,
