@@ -41,7 +41,10 @@ DEFAULT_FILES = ["src/posenc/rope/*.py", "src/posenc/cache/*.py", "src/posenc/hf
 # which test files exercise a source file (glob patterns under tests/); a file not listed runs the whole suite
 TESTS = {
     "rope/scaling.py": ["test_scaling.py", "test_rope_*.py", "test_hf_*.py", "test_validation.py"],
+    "rope/scaling_uniform.py": ["test_scaling.py", "test_rope_*.py", "test_hf_*.py", "test_validation.py"],
     "rope/spec.py": ["test_rope_*.py", "test_hf_parity.py", "test_precision.py", "test_validation.py"],
+    "rope/spec_checks.py": ["test_rope_*.py", "test_hf_parity.py", "test_precision.py", "test_validation.py"],
+    "rope/spec_tables.py": ["test_rope_*.py", "test_hf_parity.py", "test_precision.py", "test_validation.py"],
     "rope/tables.py": ["test_rope_*.py", "test_precision.py", "test_hf_parity.py", "test_mrope.py", "test_validation.py"],
     "rope/apply.py": ["test_rope_*.py", "test_hf_parity.py", "test_validation.py"],
     "rope/rerotate.py": ["test_rerotate.py", "test_cache*.py", "test_validation.py"],

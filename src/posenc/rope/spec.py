@@ -1,5 +1,9 @@
 """`Rope`: a frozen description of one rotary embedding, and the calls that use it.
 
+This file holds the fields, `from_hf_config` and the rotation calls (`rotate`, `apply`, `apply_`); `Rope`
+inherits its frequencies and cos/sin tables (`inv_freq`, `cos_sin`, `table`) from `RopeTables`
+(rope/spec_tables.py) and its checks (construction, call inputs) from `RopeChecks` (rope/spec_checks.py).
+
     >>> import torch, posenc
     >>> rope = posenc.Rope(head_dim=8, base=10000.0)
     >>> q, k = torch.randn(1, 4, 5, 8), torch.randn(1, 2, 5, 8)     # GQA: 4 query heads, 2 key heads
@@ -15,24 +19,22 @@ from typing import Any
 
 import torch
 
-from ..errors import Raw, boolean, check_float_tensor, choice, fail, integer, positions, real
-from . import tables
+from ..errors import Raw, fail
 from . import route
 from .aliasing import aliased
-from .apply import LAYOUTS, PAIRINGS
-from .mrope import check_sections, mrope_axis_map, mrope_cos_sin
-from .table import RopeTable, make_table
-from .scaling import Default, Scaling, check_base, check_seq_len
+from .apply import LAYOUTS
+from .scaling import Default, Scaling
+from .spec_checks import RopeChecks
+from .spec_tables import RopeTables
+from .table import RopeTable
 
 __all__ = ["Rope"]
 
 _compiling = torch.compiler.is_compiling  # bound once: the decode hot path calls it
 
-_RANKS = {"bhtd": 4, "bthd": 4, "thd": 3}  # the layouts q and k may come in, and their ranks
-
 
 @dataclass(frozen=True)
-class Rope:
+class Rope(RopeChecks, RopeTables):
     """One rotary position embedding.
 
     Args:
@@ -63,34 +65,6 @@ class Rope:
     softmax_scale_factor: float = 1.0
     direction: int = 1
 
-    def __post_init__(self) -> None:
-        head = integer("head_dim", self.head_dim, min=1)
-        if self.rotary_dim is None:
-            rotary = head
-        else:
-            rotary = integer("rotary_dim", self.rotary_dim, min=1, max=head, what=f"an integer in [2, head_dim={head}]")
-        if rotary % 2:
-            arg = "rotary_dim" if self.rotary_dim is not None else "head_dim"  # rotary_dim defaults to head_dim
-            fail(arg, "an even number of channels (rotation pairs)", rotary)
-        object.__setattr__(self, "head_dim", head)
-        object.__setattr__(self, "rotary_dim", rotary)
-        object.__setattr__(self, "base", check_base(self.base))
-        if not hasattr(self.scaling, "inv_freq"):
-            fail("scaling", "a scaling rule from posenc.rope.scaling", self.scaling)
-        choice("pairing", self.pairing, PAIRINGS)
-        object.__setattr__(self, "mrope_interleaved", boolean("mrope_interleaved", self.mrope_interleaved))
-        if self.mrope_section is not None:
-            section = check_sections(self.mrope_section)
-            mrope_axis_map(section, self.mrope_interleaved)  # interleaved M-RoPE needs exactly 3 sections
-            if sum(section) != rotary // 2:
-                fail("mrope_section", f"sections summing to rotary_dim / 2 = {rotary // 2}", list(section))
-            object.__setattr__(self, "mrope_section", section)
-        object.__setattr__(self, "softmax_scale_factor", real("softmax_scale_factor", self.softmax_scale_factor, gt=0))
-        if type(self.direction) is not int or self.direction not in (1, -1):  # not True, not -1.0
-            fail("direction", "1 or -1 (the sign of the rotation angle)", self.direction)
-        # Fail at construction, not at first use, if the scaling cannot serve this width.
-        self.scaling.inv_freq(self.base, rotary, None)
-
     # ---------------------------------------------------------------- construction
     @classmethod
     def from_hf_config(cls, config: Any, *, layer_type: str | None = None) -> "Rope":
@@ -105,95 +79,6 @@ class Rope:
         from ..hf import rope_from_hf_config
 
         return rope_from_hf_config(config, layer_type=layer_type)
-
-    # ---------------------------------------------------------------- facts
-    @property
-    def interleaved(self) -> bool:
-        """True when input channels pair as (2i, 2i+1)."""
-        return self.pairing != "split_half"
-
-    @property
-    def attention_factor(self) -> float:
-        """The multiplier applied to cos and sin (YaRN, LongRoPE), at the original length."""
-        return self.inv_freq()[1]
-
-    def inv_freq(self, seq_len: int | None = None) -> tuple[torch.Tensor, float]:
-        """`([rotary_dim/2] float32 inverse frequencies, attention_factor)` at sequence length `seq_len`."""
-        return self.scaling.inv_freq(self.base, self.rotary_dim, seq_len)  # type: ignore[arg-type]
-
-    def angle_freq(self, seq_len: int | None = None) -> tuple[torch.Tensor, float]:
-        """`inv_freq(seq_len)` with the rotation's sign: the angle of position p is `p * angle_freq[i]`."""
-        inv, factor = self.inv_freq(seq_len)
-        return (inv if self.direction == 1 else -inv), factor  # negation is exact: sin(-x) = -sin(x)
-
-    def seq_len_for(self, position_ids: torch.Tensor, seq_len: int | None = None) -> int | None:
-        """The length a length-dependent scaling sees: `seq_len` if given, else `max(position_ids) + 1`."""
-        if seq_len is not None:
-            return check_seq_len(seq_len)
-        if not self.scaling.depends_on_length or position_ids.numel() == 0:
-            return None
-        return int(position_ids.max()) + 1
-
-    # ---------------------------------------------------------------- tables
-    def cos_sin(
-        self,
-        position_ids: torch.Tensor,
-        *,
-        seq_len: int | None = None,
-        precision: str = "float32",
-        allow_negative: bool = False,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos/sin tables for explicit positions, attention factor applied.
-
-        Args:
-            position_ids: `[t]`, `[b, t]`, or `[3, b, t]` for multi-axis RoPE (integer).
-            seq_len: the length a length-dependent scaling uses (default `max(position_ids) + 1`).
-            precision: "float32" (as checkpoints compute) or "exact" (float64 phase, see `tables`).
-            allow_negative: accept negative positions (rotating backwards).
-        Returns:
-            `(cos, sin)`, float32, `[t, r/2]` or `[b, t, r/2]`, on the positions' device.
-        Raises:
-            PosencError: positions that are not integer `[t]`, `[b, t]` or `[3, b, t]` (for multi-axis
-                RoPE) tensors, negative positions unless allowed, a bad `seq_len` or `precision`.
-        """
-        position_ids = positions("position_ids", position_ids, shapes=[("t",), ("b", "t"), (3, "b", "t")],
-                                 allow_negative=allow_negative,
-                                 negative_hint="(pass allow_negative=True to rotate backwards)")
-        multi_axis = position_ids.ndim == 3
-        if multi_axis and (self.mrope_section is None or position_ids.shape[0] != 3):
-            expected = "[3, b, t] positions" if self.mrope_section else "[t] or [b, t] (this Rope has no mrope_section)"
-            fail("position_ids", expected, position_ids)
-        tables.check_precision(precision)
-        inv, factor = self.angle_freq(self.seq_len_for(position_ids, seq_len))
-        if multi_axis:  # [b, t, r/2], each frequency from the axis that drives it
-            return mrope_cos_sin(position_ids, inv, self.mrope_section, interleaved=self.mrope_interleaved,
-                                 attention_factor=factor, precision=precision)
-        return tables.cos_sin(position_ids, inv, factor, precision)  # [..., r/2]
-
-    def table(self, rows: int, *, seq_len: int | None = None, precision: str = "float32",
-              device: torch.device | str | None = None) -> RopeTable:
-        """The cos/sin rows of positions `0 .. rows-1`: a value to hold and pass as `table=` (see `RopeTable`).
-
-        Args:
-            rows: how many positions the table covers (a position >= rows is refused by the calls).
-            seq_len: the length a length-dependent scaling (dynamic NTK, LongRoPE) is evaluated at
-                (default: `rows`, the longest sequence the table serves); ignored by other scalings.
-            precision: "float32" or "exact" (see `cos_sin`).
-            device: where the table lives (that of the q and k it will rotate); default CPU.
-        Returns:
-            A frozen `RopeTable`; `apply(q, k, position_ids, table=table)` reads row p for position p.
-        Raises:
-            PosencError: a non-positive `rows`, a bad `seq_len` or `precision`.
-        """
-        rows = integer("rows", rows, min=1)
-        tables.check_precision(precision)
-        if self.scaling.depends_on_length:
-            seq_len = check_seq_len(rows if seq_len is None else seq_len)
-        elif seq_len is not None:
-            check_seq_len(seq_len)
-            seq_len = None  # the frequencies do not depend on it
-        return make_table(self, rows, seq_len=seq_len, precision=precision,
-                          device=torch.device("cpu") if device is None else torch.device(device))
 
     # ---------------------------------------------------------------- rotation
     def rotate(
@@ -310,48 +195,3 @@ class Rope:
         cos, sin, rows = self._tables_for(position_ids, table, seq_len, precision, allow_negative, q)
         return route.rotate(q, k, cos, sin, rows, self.pairing, inplace=inplace, impl=impl, layout=layout,
                             compute_dtype=compute_dtype)
-
-    def _tables_for(self, position_ids, table, seq_len, precision, allow_negative, x):
-        """`(cos, sin, rows)` for `route.rotate`: a held table and the positions as its rows, or per-token tables."""
-        if table is None:
-            cos, sin = self.cos_sin(position_ids, seq_len=seq_len, precision=precision, allow_negative=allow_negative)
-            return cos, sin, None  # [t, r/2] or [b, t, r/2]
-        if not isinstance(table, RopeTable):
-            fail("table", "a RopeTable (rope.table(n)) or None", table)
-        table.check_for(self, seq_len, precision, x)
-        if position_ids.ndim == 3:  # M-RoPE: each frequency from the row of the axis that drives it
-            if self.mrope_section is None or position_ids.shape[0] != 3:
-                fail("position_ids", "[t] or [b, t] (this Rope has no mrope_section)", position_ids)
-            route.check_rows(position_ids, table.rows, "position_ids")
-            axis = mrope_axis_map(self.mrope_section, self.mrope_interleaved).to(x.device)  # [r/2]
-            pick = position_ids[axis].permute(1, 2, 0)  # [b, t, r/2]: the position of each frequency
-            column = torch.arange(axis.shape[0], device=x.device)  # [r/2]
-            return table.cos[pick, column], table.sin[pick, column], None  # [b, t, r/2]
-        return table.cos, table.sin, position_ids if position_ids.dtype == torch.int64 else position_ids.long()
-
-    # ---------------------------------------------------------------- checks
-    def _check_x(self, arg: str, x: torch.Tensor, layout: str) -> None:
-        rank = _RANKS.get(layout) if type(layout) is str else None
-        if type(x) is torch.Tensor and x.ndim == rank and x.dtype.is_floating_point and x.shape[-1] == self.head_dim:
-            return  # the decode hot path: metadata only, a few hundred nanoseconds
-        choice("layout", layout, ("bhtd", "bthd", "thd"))
-        check_float_tensor(arg, x, ndim=(LAYOUTS[layout][0],))
-        if x.shape[-1] != self.head_dim:
-            fail(arg, f"last dim = head_dim = {self.head_dim}", x)
-
-    def _check_positions(self, position_ids: Any, x: torch.Tensor, layout: str, arg: str) -> torch.Tensor:
-        """Positions that fit `x` (tokens, batch, device); their values are checked where they are read."""
-        t = x.shape[LAYOUTS[layout][1]]
-        if (type(position_ids) is torch.Tensor and position_ids.dtype is torch.int64 and position_ids.ndim == 1
-                and position_ids.shape[0] == t and (position_ids.is_cpu and x.is_cpu or position_ids.device == x.device)):
-            return position_ids  # the decode hot path
-        position_ids = positions("position_ids", position_ids, device=x.device, check_values=False)
-        if position_ids.ndim == 0 or position_ids.shape[-1] != t:
-            fail("position_ids", f"last dim = {t} tokens (as {arg})", position_ids)
-        if position_ids.ndim >= 2:
-            if layout == "thd":
-                fail("position_ids", "shape [t] for the packed 'thd' layout", position_ids)
-            b = position_ids.shape[-2]
-            if b not in (1, x.shape[0]):
-                fail("position_ids", f"batch size 1 or {x.shape[0]} (as {arg})", position_ids)
-        return position_ids
