@@ -31,6 +31,9 @@ class PosencError(ValueError):
         self.arg, self.expected, self.got = arg, expected, got
 
 
+PosencError.__module__ = "posenc.errors"  # its public home (re-exported there): tracebacks name it as before the split
+
+
 class Raw(str):
     """Text shown as-is after "got" (no quotes), e.g. `Raw("min -1")`."""
 
