@@ -76,13 +76,16 @@ def positions(arg: str, x: Any, *, shapes: Sequence[Sequence[Any]] | None = None
     return x
 
 
-def assert_values(arg: str, ok: torch.Tensor, expected: str, got: Callable[[], Any]) -> None:
+def assert_values(arg: str, ok: torch.Tensor, expected: str, got: Callable[[], Any] | None = None, *,
+                  explain: Callable[[], tuple[str, Any]] | None = None) -> None:
     """Check a condition on tensor values without a host sync; raise `PosencError` where it can.
 
     Args:
-        arg, expected: as `fail`.
+        arg, expected: as `fail` (`expected` is also the device-side message).
         ok: a 0-d bool tensor, True when the values are valid (computed on their device).
         got: called only on failure, to describe what arrived (it may read values).
+        explain: instead of `got`, called only on failure to return `(expected, got)`: a message that names
+            the culprit more precisely than the generic `expected` (e.g. which row).
     On the CPU in eager mode a failure raises `PosencError` at once (reading a CPU tensor is no sync). On
     an accelerator, or inside `torch.compile`, the check runs on the device (`torch._assert_async`): a
     failure surfaces as a `RuntimeError` with the same text at the next synchronisation, and the hot path
@@ -93,7 +96,7 @@ def assert_values(arg: str, ok: torch.Tensor, expected: str, got: Callable[[], A
         try:
             torch._assert_async(ok, message)
         except RuntimeError:
-            fail(arg, expected, got())
+            fail(arg, *explain()) if explain is not None else fail(arg, expected, got())
         return
     torch._assert_async(ok, message)
 

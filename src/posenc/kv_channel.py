@@ -19,8 +19,8 @@ from typing import Any
 
 import torch
 
-from .cache.checks import refuse_unless
 from .cache.storage import reorder_buffer
+from .errors import assert_values
 from .kv_codes import TokenStore, _as_codes, _bits, _codes, _regrow
 from .kv_quant import Encoded, KVFormat, decode, encode
 
@@ -81,7 +81,7 @@ class ChannelStore:
 
     def check_slots(self, rows: torch.Tensor, slots: torch.Tensor, arg: str = "slots") -> None:
         """Refuse a write that is not each row's next slots in order, below the capacity (blocks fill front to
-        back). On the device (`refuse_unless`): no host sync when the slots are right."""
+        back). On the device (`errors.assert_values`): no host sync when the slots are right."""
         b, cap, n = self.codes.shape[0], self.capacity, slots.shape[0]
         real = slots >= 0  # [n]
         key = torch.where(real, rows, b)  # [n]: padding sorts last
@@ -100,8 +100,8 @@ class ChannelStore:
             return (f"row {r}'s next slots in order, from {start}, below capacity {cap} (a per-channel quantized "
                     "store appends; each slot is written once)", slots[(rows == r) & real])
 
-        refuse_unless(ok, arg, "each row's next slots in order, below the capacity (a per-channel quantized "
-                      "store appends)", explain)
+        assert_values(arg, ok, "each row's next slots in order, below the capacity (a per-channel quantized "
+                      "store appends)", explain=explain)
 
     def write(self, rows: torch.Tensor, slots: torch.Tensor, x: torch.Tensor) -> None:
         """Append `x [n, h, d]` to each row's residual; encode every block that fills. Call `check` and

@@ -2,7 +2,7 @@
 
 The cache and the decoder's no-cache forward share `check_new_positions`; each passes its own argument
 names, so a message names what the caller wrote (no renaming afterwards). A condition is computed on
-the tensors' device and handed to `refuse_unless`: on the CPU in eager mode a failure raises
+the tensors' device and handed to `errors.assert_values`: on the CPU in eager mode a failure raises
 `PosencError` at once with a message that names the row and value (read only after the failure); on an
 accelerator or under `torch.compile` it becomes `torch._assert_async`, so the accepted path never waits.
 
@@ -14,34 +14,14 @@ accelerator or under `torch.compile` it becomes `torch._assert_async`, so the ac
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 import torch
 
-from ..errors import Raw, check_float_tensor, fail, integer, integer_tensor, positions as check_positions
+from ..errors import Raw, assert_values, check_float_tensor, fail, integer, integer_tensor, positions as check_positions
 from ..rope.spec import Rope
 
-__all__ = ["refuse_unless", "check_new_positions", "check_write", "check_layout", "check_tokens"]
-
-
-def refuse_unless(ok: torch.Tensor, arg: str, expected: str, explain: Callable[[], tuple[str, Any]]) -> None:
-    """Raise unless the 0-d bool `ok` holds; no host sync when it does.
-
-    Args:
-        ok: 0-d bool tensor, True when the values are valid.
-        arg, expected: the argument's name and the generic expectation (the device-side message).
-        explain: called only on a failure on the CPU, returns `(expected, got)` for a message naming the culprit.
-    Raises:
-        PosencError: on the CPU in eager mode; elsewhere `torch._assert_async` raises at the next sync.
-    """
-    if ok.device.type == "cpu" and not torch.compiler.is_compiling():
-        try:
-            torch._assert_async(ok, f"{arg}: expected {expected}")
-        except RuntimeError:
-            fail(arg, *explain())
-        return
-    torch._assert_async(ok, f"{arg}: expected {expected}")
+__all__ = ["check_new_positions", "check_write", "check_layout", "check_tokens"]
 
 
 def check_new_positions(positions: Any, mask: Any, last: torch.Tensor, free: torch.Tensor | None = None, *,
@@ -73,8 +53,7 @@ def check_new_positions(positions: Any, mask: Any, last: torch.Tensor, free: tor
         fail(m_arg, f"a bool tensor of shape {tuple(positions.shape)}", mask)
     big = torch.iinfo(torch.long).max
     real = positions.masked_fill(~mask, big)  # [b, t]; padding never constrains anything
-    refuse_unless((real >= 0).all(), p_arg, "positions >= 0 for unmasked tokens",
-                  lambda: ("positions >= 0 for unmasked tokens", Raw(f"min {int(real.min())}")))
+    assert_values(p_arg, (real >= 0).all(), "positions >= 0 for unmasked tokens", lambda: Raw(f"min {int(real.min())}"))
     prev = torch.cat((last[:, None], real), dim=1)  # [b, 1 + t]
     prev = torch.cummax(prev.masked_fill(prev == big, -1), dim=1).values[:, :-1]  # last real position before
     bad = mask & (real <= prev)  # [b, t]
@@ -88,7 +67,7 @@ def check_new_positions(positions: Any, mask: Any, last: torch.Tensor, free: tor
             what = f"row {row} past its last cached position {before}"
         return f"{what}; each position holds one token", int(positions[row, col])
 
-    refuse_unless(~bad.any(), p_arg, "positions strictly increasing and past each row's last cached one", order)
+    assert_values(p_arg, ~bad.any(), "positions strictly increasing and past each row's last cached one", explain=order)
     if free is not None:
         count = mask.sum(dim=1)  # [b]
 
@@ -100,7 +79,7 @@ def check_new_positions(positions: Any, mask: Any, last: torch.Tensor, free: tor
                     f"new_cache(batch_size, capacity={need}) or more, or capacity=None to grow on demand",
                     int(count[row]))
 
-        refuse_unless((count <= free).all(), p_arg, "new tokens that fit in each row's free slots", room)
+        assert_values(p_arg, (count <= free).all(), "new tokens that fit in each row's free slots", explain=room)
     return mask
 
 
@@ -123,7 +102,7 @@ def check_write(k: Any, v: Any, slots: Any, sizes: tuple[int, int, int, int], le
     if slots.shape[0] != b:
         fail("slots", what.format(b, "lengths"), slots)
     ok = ((slots >= -1) & (slots < lengths[:, None])).all()
-    refuse_unless(ok, "slots", what.format(b, "lengths"), lambda: (what.format(b, lengths.tolist()), slots))
+    assert_values("slots", ok, what.format(b, "lengths"), explain=lambda: (what.format(b, lengths.tolist()), slots))
 
 
 def check_layout(head_dim: int, block_size: Any, rope: Any, dtype: Any, make_store: Any) -> int | None:

@@ -26,7 +26,7 @@ from typing import Any
 
 import torch
 
-from .checks import refuse_unless
+from ..errors import assert_values
 from .storage import allocate
 
 __all__ = ["BlockTable", "PagedStore"]
@@ -96,8 +96,8 @@ class BlockTable:
         copy = lead & (refs[blocks] > 1) & ~(all_write & (keeper[blocks] == i))  # [n]
         rank = copy.long().cumsum(0) - 1  # [n]
         free = torch.argsort((self.refs > 0).to(torch.int8), stable=True)  # [num_blocks]: free blocks first
-        refuse_unless((copy.sum() <= (self.refs == 0).sum()), "block_size", "enough free blocks (a paged-cache bug)",
-                      lambda: ("enough free blocks (a paged-cache bug)", int(copy.sum())))
+        assert_values("block_size", copy.sum() <= (self.refs == 0).sum(), "enough free blocks (a paged-cache bug)",
+                      lambda: int(copy.sum()))
         new = torch.where(copy, free[rank.clamp(min=0, max=scratch - 1)], scratch)  # [n]
         src = torch.where(copy, blocks, scratch)
         self.refs.scatter_add_(0, src.clamp(max=scratch - 1), -copy.long())

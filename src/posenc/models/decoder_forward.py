@@ -42,7 +42,6 @@ from torch import nn
 
 from ..attention import attention, sdpa_attention, visibility
 from ..cache import KVCache, check_new_positions
-from ..cache.checks import refuse_unless
 from ..errors import assert_values, batch_positions, fail, integer_tensor, rename
 from ..rope.rerotate import row_tables
 from .layers import Step
@@ -243,8 +242,8 @@ class DecoderForward(nn.Module):
             if held.shape != past.shape:  # named before comparing: rows that differ would broadcast
                 fail("cache", f"a KVCache from this model's new_cache with batch_size={b}", cache)
             held = held.to(past.device)
-            refuse_unless((past == held).all(), "attention_mask",  # on the device: no host sync, traceable
+            assert_values("attention_mask", (past == held).all(),  # on the device: no host sync, traceable
                           f"past columns counting each row's cached tokens (or pass only the last {t} columns)",
-                          lambda: (f"past columns counting each row's cached tokens {held.tolist()} "
-                                   f"(or pass only the last {t} columns)", past.tolist()))
+                          explain=lambda: (f"past columns counting each row's cached tokens {held.tolist()} "
+                                           f"(or pass only the last {t} columns)", past.tolist()))
         return input_ids.long(), mask[:, -t:]
