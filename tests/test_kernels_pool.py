@@ -225,6 +225,8 @@ def test_a_table_holds_what_the_kernel_reads_of_it():
     (torch.zeros(10, 24), torch.zeros(9, 24), "sin"),  # another shape
     (torch.zeros(10, 24), [[0.0] * 24] * 10, "sin"),  # not a tensor
     (torch.zeros(10, 2, 12), torch.zeros(10, 2, 12), "cos"),  # 3-d
+    (torch.tensor(0.5), torch.tensor(0.5), "cos"),  # 0-d
+    (torch.zeros(24), torch.zeros(24), "cos"),  # 1-d
 ])
 def test_a_table_made_by_hand_is_checked(cos, sin, arg):
     rope = Rope(head_dim=64, rotary_dim=48)

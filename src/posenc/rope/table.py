@@ -62,10 +62,10 @@ class RopeTable:
     def __post_init__(self):
         from ..kernels.cpu import PAIRING_CODES
 
-        cos, sin = self.cos, self.sin
+        cos, sin, half = self.cos, self.sin, self.rope.rotary_dim // 2
         for arg, x in (("cos", cos), ("sin", sin)):  # a table made by hand is checked like one from Rope.table
-            if type(x) is not torch.Tensor or x.dtype != torch.float32 or x.shape != (x.shape[0], self.rope.rotary_dim // 2):
-                fail(arg, f"a float32 tensor [n, {self.rope.rotary_dim // 2}] (rotary_dim / 2 columns)", x)
+            if type(x) is not torch.Tensor or x.dtype != torch.float32 or x.ndim != 2 or x.shape[1] != half:
+                fail(arg, f"a float32 tensor [n, {half}] (rotary_dim / 2 columns)", x)
         if sin.shape != cos.shape or sin.device != cos.device:
             fail("sin", f"a tensor of cos's shape {tuple(cos.shape)} on its device ({cos.device})", sin)
         cos, sin = cos.contiguous(), sin.contiguous()  # the rows the kernels read, as Rope.table makes them
