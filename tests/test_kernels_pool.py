@@ -219,6 +219,26 @@ def test_a_table_holds_what_the_kernel_reads_of_it():
         assert torch.equal(got[0], want[0][0].transpose(0, 1)) and torch.equal(got[1], want[1][0].transpose(0, 1))
 
 
+def test_a_copied_or_pickled_table_holds_its_own_tensors():
+    # held is made again for a copy: a deep copy or a pickle round trip must not read the original's memory
+    # (freed here before the copy rotates)
+    import copy
+    import pickle
+
+    rope = Rope(head_dim=16, pairing="interleaved")
+    q, k, pos = randn(1, 2, 3, 16), randn(1, 1, 3, 16, seed=1), torch.tensor([1, 5, 30])
+    want = rope.apply(q, k, pos, impl="reference")
+    table = rope.table(32)
+    copies = [copy.deepcopy(table), pickle.loads(pickle.dumps(table)), copy.copy(table)]
+    for c in copies[:2]:
+        assert c.held == (c.cos.data_ptr(), c.sin.data_ptr(), 32, 8, 1) and c.held[:2] != table.held[:2]
+    assert copies[2].held == table.held and copies[2].cos is table.cos  # a shallow copy shares the tensors
+    del table
+    for c in copies:
+        got = rope.apply(q, k, pos, table=c)
+        assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+
+
 @pytest.mark.parametrize("cos,sin,arg", [
     (torch.zeros(10, 24, dtype=torch.float64), torch.zeros(10, 24), "cos"),  # float64
     (torch.zeros(10, 32), torch.zeros(10, 32), "cos"),  # 32 columns for a rotary_dim of 48

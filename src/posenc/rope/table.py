@@ -74,6 +74,10 @@ class RopeTable:
         held = (cos.data_ptr(), sin.data_ptr(), *cos.shape, PAIRING_CODES[self.rope.pairing]) if cos.is_cpu else None
         object.__setattr__(self, "held", held)
 
+    def __reduce__(self):
+        """Copies and pickles are made again from the fields (`held` points at the copy's own tensors)."""
+        return type(self), (self.rope, self.cos, self.sin, self.seq_len, self.precision)
+
     @property
     def rows(self) -> int:
         """How many positions the table covers (`0 .. rows-1`)."""
