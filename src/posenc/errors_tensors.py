@@ -14,7 +14,7 @@ import torch
 
 from .errors_base import Raw, fail
 
-__all__ = ["positions", "assert_values", "integer_tensor", "check_int_positions", "batch_positions",
+__all__ = ["transformed", "positions", "assert_values", "integer_tensor", "check_int_positions", "batch_positions",
            "check_float_tensor"]
 
 MAX_POSITION = 2**53  # the largest |position| `positions` accepts
@@ -76,6 +76,15 @@ def positions(arg: str, x: Any, *, shapes: Sequence[Sequence[Any]] | None = None
     return x
 
 
+_FUNCTORCH = torch._C._functorch  # torch.func's wrappers (vmap, grad, jvp) and their unwrapping
+
+
+def transformed(*xs: Any) -> bool:
+    """Whether any of `xs` is a tensor wrapped by a torch.func transform (vmap, grad, jvp): its values cannot
+    be read on the host (`.item()` is refused) and its memory is not there for a C kernel."""
+    return any(isinstance(x, torch.Tensor) and _FUNCTORCH.is_functorch_wrapped_tensor(x) for x in xs)
+
+
 def assert_values(arg: str, ok: torch.Tensor, expected: str, got: Callable[[], Any] | None = None, *,
                   explain: Callable[[], tuple[str, Any]] | None = None) -> None:
     """Check a condition on tensor values without a host sync; raise `PosencError` where it can.
@@ -93,6 +102,13 @@ def assert_values(arg: str, ok: torch.Tensor, expected: str, got: Callable[[], A
     """
     message = f"{arg}: expected {expected}"
     if ok.device.type == "cpu" and not torch.compiler.is_compiling():
+        if transformed(ok):  # under torch.func (vmap over positions): every value underneath, outside it
+            while transformed(ok):
+                ok = _FUNCTORCH.get_unwrapped(ok)
+            with torch._C._DisableFuncTorch():
+                if not bool(ok.all()):
+                    fail(arg, expected, Raw("other values (under a torch.func transform)"))
+            return
         try:
             torch._assert_async(ok, message)
         except RuntimeError:

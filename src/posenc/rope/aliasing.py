@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import torch
 
+from ..errors_tensors import transformed
+
 __all__ = ["aliased"]
 
 
@@ -20,8 +22,11 @@ def aliased(q: torch.Tensor, k: torch.Tensor) -> bool:
     True when q or k has a broadcast (stride-0) dimension, or when some element of q is an element of k:
     decided exactly when their memory ranges meet and they have the same sizes and strides (views of one
     buffer, e.g. q and k split from a fused qkv projection: disjoint), else taken as disjoint when the
-    ranges do not meet, and as aliased when they do.
+    ranges do not meet, and as aliased when they do. Under a torch.func transform (vmap, grad) the wrappers
+    have no addresses: False (the transform's own in-place rules apply).
     """
+    if transformed(q, k):
+        return False
     if q.is_contiguous() and k.is_contiguous():  # no broadcast dimension: disjoint unless the ranges meet
         qp, kp = q.data_ptr(), k.data_ptr()
         if qp + q.numel() * q.element_size() <= kp or kp + k.numel() * k.element_size() <= qp:

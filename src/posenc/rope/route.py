@@ -21,6 +21,7 @@ import os
 import torch
 
 from ..errors import Raw, assert_values, fail
+from ..errors_tensors import transformed as _transformed
 from ..kernels import IMPLS, cpu
 from .apply import apply_rope
 
@@ -38,6 +39,8 @@ def _compiling() -> bool:
     return torch.compiler.is_compiling()
 
 
+
+
 def triton_available() -> bool:
     try:
         import triton  # noqa: F401
@@ -46,16 +49,17 @@ def triton_available() -> bool:
     return True
 
 
-def resolve_impl(impl: str | None, x: torch.Tensor, compute_dtype: torch.dtype | None) -> str:
-    """The implementation to run: `impl` checked, or the fastest available for `x` when None.
+def resolve_impl(impl: str | None, x: torch.Tensor, compute_dtype: torch.dtype | None, *others: torch.Tensor | None) -> str:
+    """The implementation to run: `impl` checked, or the fastest available for `x` when None. Under a torch.func
+    transform of `x` or of any of `others` (the other tensors of the call) only the reference runs.
 
     Raises:
         PosencError: an unknown name, or a named implementation that cannot run these inputs.
     """
     default_compute = compute_dtype is None or compute_dtype == (torch.float64 if x.dtype == torch.float64 else torch.float32)
     if impl is None:
-        if not default_compute or _compiling():  # under torch.compile inductor fuses the reference itself
-            return "reference"
+        if not default_compute or _compiling() or _transformed(x, *others):  # under torch.compile inductor fuses the
+            return "reference"  # reference itself; under torch.func the reference's torch ops are transformed
         if x.device.type == "cpu":
             return "cpu" if cpu.available(x.dtype) else "reference"
         if x.device.type == "cuda" and triton_available() and x.dtype != torch.float64:
@@ -69,6 +73,8 @@ def resolve_impl(impl: str | None, x: torch.Tensor, compute_dtype: torch.dtype |
         fail("impl", f"'reference' or 'compiled' for compute_dtype={compute_dtype}", impl)
     if _compiling():
         return impl  # traced: the custom op's implementation says at run time if its kernel cannot build
+    if _transformed(x, *others):
+        fail("impl", "'reference' or None under a torch.func transform (vmap, grad, jvp)", impl)
     if impl == "cpu":
         if x.device.type != "cpu":
             fail("impl", f"'cpu' with CPU tensors (q is on {x.device})", impl)
@@ -130,11 +136,12 @@ def rotate(q: torch.Tensor, k: torch.Tensor | None, cos: torch.Tensor, sin: torc
     """
     lib = None
     compiling = torch.compiler.is_compiling()
-    if impl is None and compute_dtype is None and q.is_cpu and not compiling:  # the hot path
+    wrapped = not compiling and _transformed(q, k, cos, rows)  # (eager only: dynamo traces no functorch query)
+    if impl is None and compute_dtype is None and q.is_cpu and not compiling and not wrapped:  # the hot path
         lib = cpu.library_for(q.dtype)
         name = "reference" if lib is None else "cpu"
     else:
-        name = resolve_impl(impl, q, compute_dtype)
+        name = resolve_impl(impl, q, compute_dtype, k, cos, rows)
     if name == "cpu" and not cpu.fits(2 * cos.shape[-1], q.shape[-1]):
         if impl is not None:
             fail("impl", f"'cpu' with rotary_dim <= {cpu.MAX_ROTARY_DIM} and head_dim <= {cpu.MAX_HEAD_DIM}",
@@ -241,7 +248,10 @@ def rotate_held(q: torch.Tensor, k: torch.Tensor, rows: torch.Tensor, held: tupl
     lib = cpu.library_for(dtype)
     if lib is None:
         return None
-    qp, kp, q4, k4 = q.data_ptr(), k.data_ptr(), q.stride(), k.stride()  # strides over the layout's dims
+    try:
+        qp, kp, rp, q4, k4 = q.data_ptr(), k.data_ptr(), rows.data_ptr(), q.stride(), k.stride()  # layout's dims
+    except RuntimeError:  # no memory to read (a torch.func wrapper): the general path runs the reference
+        return None
     if inplace:
         q_out, k_out, qop, kop, qo4, ko4, flags = q, k, qp, kp, q4, k4, cpu.FLAG_CHECK_OVERLAP
     else:
@@ -252,7 +262,7 @@ def rotate_held(q: torch.Tensor, k: torch.Tensor, rows: torch.Tensor, held: tupl
     if layout == "bthd":  # strides over [b, h, t, d]: dims 1 and 2 swap
         q4, k4, qo4, ko4 = ((s[0], s[2], s[1], s[3]) for s in (q4, k4, qo4, ko4))
     ret = lib.posenc_rope(cpu.pack_args(
-        qp, qop, kp, kop, cos, sin, rows.data_ptr(), b, hq, hk, t, d, *q4, *qo4, *k4, *ko4, n, half, rows_b,
+        qp, qop, kp, kop, cos, sin, rp, b, hq, hk, t, d, *q4, *qo4, *k4, *ko4, n, half, rows_b,
         cpu.DTYPES[dtype], pairing, _num_threads(), flags))
     if ret != 0:
         return None  # nothing written: the general path names what is wrong (or rotates aliasing-free views)
