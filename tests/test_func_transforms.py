@@ -2,6 +2,8 @@
 kernel cannot read a wrapped tensor's memory), value checks still refuse bad positions by name, and results
 equal a loop of plain calls (vmap) or autograd (grad)."""
 
+import warnings
+
 import pytest
 import torch
 from test_kernels import randn
@@ -65,3 +67,14 @@ def test_bad_positions_and_named_kernels_are_refused_under_vmap():
         torch.func.vmap(lambda p: ROPE.apply(q, k, p)[0])(torch.stack([POS, -POS]))
     with pytest.raises(PosencError, match=r"^impl: expected 'reference' or None under a torch.func transform"):
         torch.func.vmap(lambda x: ROPE.apply(x, k, POS, impl="cpu")[0])(q[None])
+
+
+def test_vmap_through_attention_with_rope():
+    from posenc.attention import attention
+
+    q, k, v, pos = randn(3, 1, 2, 5, 16), randn(1, 2, 5, 16, seed=1), randn(1, 2, 5, 16, seed=2), torch.arange(5) + 9
+    for table in (None, ROPE.table(40)):
+        fn = lambda x: attention(x, k, v, encoding=ROPE, q_positions=pos, k_positions=pos, impl="sdpa", table=table)
+        with warnings.catch_warnings():  # torch may warn that its CPU flash kernel has no batching rule
+            warnings.simplefilter("ignore", UserWarning)
+            assert torch.equal(torch.func.vmap(fn)(q), loop(fn, q))
