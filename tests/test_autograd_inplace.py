@@ -9,7 +9,7 @@ In place: a tensor that autograd saved for backward, rotated by `apply_`, makes 
 import pytest
 import torch
 
-from posenc import Rope
+from posenc import PosencError, Rope
 from posenc.kernels import cpu, ops  # noqa: F401  (ops registers posenc::rope and posenc::rope_)
 
 IMPLS = ["reference", "compiled"] + (["cpu"] if cpu.available() else [])
@@ -108,3 +108,28 @@ def test_gradcheck_float64(impl, pairing):
     assert torch.autograd.gradcheck(lambda a, b: rope.apply(a, b, pos, impl=impl), (q, k))
     table = rope.table(301)
     assert torch.autograd.gradcheck(lambda a, b: rope.apply(a, b, pos, impl=impl, table=table), (q, k))
+
+
+@pytest.mark.parametrize("impl", IMPLS + [None])
+@pytest.mark.parametrize("with_table", [False, True])
+@pytest.mark.parametrize("which", ["q", "k"])
+def test_in_place_on_an_inference_tensor_outside_inference_mode_is_refused(impl, with_table, which):
+    # torch refuses x.mul_(2) on an inference tensor outside torch.inference_mode(); apply_ does too, by
+    # name, for every impl, writing nothing; inside inference_mode it rotates as usual
+    rope = Rope(head_dim=16)
+    table = rope.table(40) if with_table else None
+    with torch.inference_mode():
+        made = {"q": torch.randn(1, 2, 3, 16), "k": torch.randn(1, 1, 3, 16)}
+        other = torch.randn(3)
+    plain = {"q": torch.randn(1, 2, 3, 16), "k": torch.randn(1, 1, 3, 16)}
+    q, k = (made[n] if n == which else plain[n] for n in ("q", "k"))
+    q0, k0, pos = q.clone(), k.clone(), torch.tensor([1, 5, 30])
+    with pytest.raises(RuntimeError, match="Inplace update to inference tensor outside InferenceMode"):
+        other.mul_(2)  # torch's own rule
+    with pytest.raises(PosencError, match=rf"^{which}: expected a tensor torch lets apply_ change \(an inference tensor"):
+        rope.apply_(q, k, pos, impl=impl, table=table)
+    assert torch.equal(q, q0) and torch.equal(k, k0)
+    want = rope.apply(q0, k0, pos, impl="reference")
+    with torch.inference_mode():
+        rope.apply_(q, k, pos, impl=impl, table=table)
+    assert torch.equal(q, want[0]) and torch.equal(k, want[1])

@@ -32,6 +32,7 @@ __all__ = ["rotate", "rotate_held", "resolve_impl", "triton_available", "check_r
 _increment_version = getattr(torch._C, "_increment_version", None) or torch.autograd.graph.increment_version
 # the hot path's names bound once (each attribute lookup is a visible share of a decode call)
 Tensor, _INT64, _grad_enabled, _num_threads = torch.Tensor, torch.int64, torch.is_grad_enabled, torch.get_num_threads
+_inference_mode = torch.is_inference_mode_enabled
 _MAX_HALF = cpu.MAX_ROTARY_DIM // 2
 
 
@@ -253,6 +254,8 @@ def rotate_held(q: torch.Tensor, k: torch.Tensor, rows: torch.Tensor, held: tupl
     except RuntimeError:  # no memory to read (a torch.func wrapper): the general path runs the reference
         return None
     if inplace:
+        if not _inference_mode() and (q.is_inference() or k.is_inference()):
+            return None  # torch allows no in-place update of an inference tensor here: the general path says so
         q_out, k_out, qop, kop, qo4, ko4, flags = q, k, qp, kp, q4, k4, cpu.FLAG_CHECK_OVERLAP
     else:
         q_out, k_out = torch.empty_like(q), torch.empty_like(k)  # q's and k's strides (dense inputs)
