@@ -188,11 +188,12 @@ class Rope(RopeChecks, RopeTables):
                 if x.requires_grad and x.is_leaf:
                     fail(arg, "a tensor autograd lets apply_ change (not a leaf that requires grad: use apply)",
                          Raw("a leaf tensor with requires_grad=True"))
-        if inplace and not torch.is_inference_mode_enabled() and (q.is_inference() or k.is_inference()):
-            arg, x = ("q", q) if q.is_inference() else ("k", k)  # torch refuses x.mul_(2) here too
+        eager_inplace = inplace and not _compiling()  # (tensor addresses and inference flags: eager only)
+        if eager_inplace and not torch.is_inference_mode_enabled() and (q.is_inference() or k.is_inference()):
+            arg = "q" if q.is_inference() else "k"  # torch refuses x.mul_(2) here too
             fail(arg, "a tensor torch lets apply_ change (an inference tensor only inside torch.inference_mode(); "
                  "clone it or rotate under inference_mode)", Raw("an inference tensor outside inference mode"))
-        if inplace and not torch.compiler.is_compiling() and aliased(q, k):  # (memory addresses: eager only)
+        if eager_inplace and aliased(q, k):
             fail("k", "a tensor that shares no memory with q (apply_ writes both; rotate one tensor with rotate)",
                  Raw("a view of q's memory"))
         position_ids = self._check_positions(position_ids, q, layout, "q")
