@@ -40,8 +40,6 @@ def _compiling() -> bool:
     return torch.compiler.is_compiling()
 
 
-
-
 def triton_available() -> bool:
     try:
         import triton  # noqa: F401
@@ -50,7 +48,8 @@ def triton_available() -> bool:
     return True
 
 
-def resolve_impl(impl: str | None, x: torch.Tensor, compute_dtype: torch.dtype | None, *others: torch.Tensor | None) -> str:
+def resolve_impl(impl: str | None, x: torch.Tensor, compute_dtype: torch.dtype | None,
+                 *others: torch.Tensor | None) -> str:
     """The implementation to run: `impl` checked, or the fastest available for `x` when None. Under a torch.func
     transform of `x` or of any of `others` (the other tensors of the call) only the reference runs.
 
@@ -59,8 +58,9 @@ def resolve_impl(impl: str | None, x: torch.Tensor, compute_dtype: torch.dtype |
     """
     default_compute = compute_dtype is None or compute_dtype == (torch.float64 if x.dtype == torch.float64 else torch.float32)
     if impl is None:
-        if not default_compute or _compiling() or _transformed(x, *others):  # under torch.compile inductor fuses the
-            return "reference"  # reference itself; under torch.func the reference's torch ops are transformed
+        # under torch.compile inductor fuses the reference itself; under torch.func its torch ops are transformed
+        if not default_compute or _compiling() or _transformed(x, *others):
+            return "reference"
         if x.device.type == "cpu":
             return "cpu" if cpu.available(x.dtype) else "reference"
         if x.device.type == "cuda" and triton_available() and x.dtype != torch.float64:
