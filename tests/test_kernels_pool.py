@@ -239,6 +239,23 @@ def test_a_copied_or_pickled_table_holds_its_own_tensors():
         assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
 
 
+@pytest.mark.parametrize("layout", ["bhtd", "bthd"])
+@pytest.mark.parametrize("inplace", [False, True])
+def test_empty_batch_or_tokens_read_no_row(layout, inplace):
+    # a batch of 0 rows with positions [0, t] (or [t]) has no row to read: the kernel read t of them from the
+    # empty positions' memory (a segfault) before it looked at the batch
+    rope = Rope(head_dim=64, pairing="interleaved")
+    table = rope.table(100)
+    empty = ((0, 3, torch.zeros(0, 3, dtype=torch.long)), (0, 3, torch.arange(3)), (2, 0, torch.zeros(2, 0, dtype=torch.long)))
+    for b, t, pos in empty:
+        shape_q, shape_k = ((b, 4, t, 64), (b, 2, t, 64)) if layout == "bhtd" else ((b, t, 4, 64), (b, t, 2, 64))
+        q, k = torch.randn(shape_q), torch.randn(shape_k)
+        for tb in (table, None):
+            call = rope.apply_ if inplace else rope.apply
+            got = call(q, k, pos, layout=layout, table=tb)
+            assert got[0].shape == q.shape and got[1].shape == k.shape
+
+
 @pytest.mark.parametrize("cos,sin,arg", [
     (torch.zeros(10, 24, dtype=torch.float64), torch.zeros(10, 24), "cos"),  # float64
     (torch.zeros(10, 32), torch.zeros(10, 32), "cos"),  # 32 columns for a rotary_dim of 48

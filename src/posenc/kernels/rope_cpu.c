@@ -164,6 +164,7 @@ static int may_overlap(const Tensor4 *q, const Tensor4 *k, int64_t elem) {
  * BAD_ARGUMENTS (-2**62): arguments the kernel cannot take (a row wider than its buffers, an unknown dtype);
  * OVERLAP (-2**62 + 1): with FLAG_CHECK_OVERLAP, q and k may share memory. */
 int64_t posenc_rope(const RopeArgs *a) {
+    if (a->batch <= 0 || a->tokens <= 0) return 0; /* no element, and `rows` may hold none to read */
     int64_t lo = 0, hi = -1, nb = a->rows_batch_stride ? a->batch : 1;
     for (int64_t i = 0; i < nb * a->tokens; i++) {
         int64_t r = a->rows[i];
