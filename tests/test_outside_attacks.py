@@ -200,3 +200,16 @@ def test_decoder_from_hf_config_names_the_config_key_of_a_bad_kv_head_count():
 def test_mrope_cos_sin_refuses_positions_on_another_device_than_the_frequencies():
     with pytest.raises(PosencError, match=r"^position_ids: expected a tensor on meta"):
         posenc.mrope_cos_sin(torch.zeros(3, 1, 5, dtype=torch.long), torch.ones(4, device="meta"), (2, 1, 1))
+
+
+def test_sparse_q_or_k_is_refused_by_name():
+    # a sparse tensor has no memory for the kernel to read (it raised torch's "Cannot access data pointer")
+    rope = posenc.Rope(head_dim=64)
+    q, k, pos = torch.randn(2, 4, 3, 64), torch.randn(2, 2, 3, 64), torch.tensor([[0, 1, 2], [5, 6, 7]])
+    for table in (rope.table(100), None):
+        for arg, (a, b) in (("q", (q.to_sparse(), k)), ("k", (q, k.to_sparse()))):
+            with pytest.raises(PosencError, match=rf"^{arg}: expected a dense tensor \(layout torch.strided\), got a "
+                               r"tensor of layout torch.sparse_coo"):
+                rope.apply(a, b, pos, table=table)
+    with pytest.raises(PosencError, match=r"^q: expected a dense tensor"):
+        attention(q.to_sparse(), k, k, q_positions=torch.arange(3), k_positions=torch.arange(3))

@@ -162,6 +162,8 @@ def check_float_tensor(arg: str, x: Any, *, ndim: tuple[int, ...] | None = None,
         fail(arg, "a floating-point torch.Tensor", type(x))
     if not x.dtype.is_floating_point:
         fail(arg, "a floating-point dtype (float32, bfloat16, float16 or float64)", x)
+    if x.layout is not torch.strided:
+        fail(arg, "a dense tensor (layout torch.strided)", Raw(f"a tensor of layout {x.layout}"))
     if ndim is not None and x.ndim not in ndim:
         fail(arg, f"a tensor of rank {' or '.join(map(str, ndim))}", x)
     if like is not None and (x.device, x.dtype) != (like[1].device, like[1].dtype):

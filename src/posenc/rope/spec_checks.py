@@ -54,7 +54,8 @@ class RopeChecks:
     # ---------------------------------------------------------------- checks
     def _check_x(self, arg: str, x: torch.Tensor, layout: str) -> None:
         rank = _RANKS.get(layout) if type(layout) is str else None
-        if type(x) is torch.Tensor and x.ndim == rank and x.dtype.is_floating_point and x.shape[-1] == self.head_dim:
+        if (type(x) is torch.Tensor and x.ndim == rank and x.dtype.is_floating_point and x.shape[-1] == self.head_dim
+                and x.layout is torch.strided):
             return  # the decode hot path: metadata only, a few hundred nanoseconds
         choice("layout", layout, ("bhtd", "bthd", "thd"))
         check_float_tensor(arg, x, ndim=(LAYOUTS[layout][0],))
