@@ -267,6 +267,10 @@ def test_rows_wider_than_the_kernel_buffers_run_on_the_reference(head_dim, rotar
     expected = rope.apply(q, k, pos, impl="reference")
     for got in both(rope, q, k, pos):
         assert torch.equal(got[0], expected[0]) and torch.equal(got[1], expected[1])
+    table = rope.table(16)  # a held table: no `held` for rows the kernel cannot hold, and the same results
+    assert (table.held is not None) == cpu.fits(rotary_dim, head_dim)
+    for got in (rope.apply(q, k, pos, table=table), rope.apply_(q.clone(), k.clone(), pos, table=table)):
+        assert torch.equal(got[0], expected[0]) and torch.equal(got[1], expected[1])
     if cpu.fits(rotary_dim, head_dim):
         got = rope.apply(q, k, pos, impl="cpu")
         assert torch.equal(got[0], expected[0]) and torch.equal(got[1], expected[1])

@@ -33,7 +33,6 @@ _increment_version = getattr(torch._C, "_increment_version", None) or torch.auto
 # the hot path's names bound once (each attribute lookup is a visible share of a decode call)
 Tensor, _INT64, _grad_enabled, _num_threads = torch.Tensor, torch.int64, torch.is_grad_enabled, torch.get_num_threads
 _inference_mode = torch.is_inference_mode_enabled
-_MAX_HALF = cpu.MAX_ROTARY_DIM // 2
 
 
 def _compiling() -> bool:
@@ -137,8 +136,8 @@ def rotate(q: torch.Tensor, k: torch.Tensor | None, cos: torch.Tensor, sin: torc
     """
     lib = None
     compiling = torch.compiler.is_compiling()
-    wrapped = not compiling and _transformed(q, k, cos, rows)  # (eager only: dynamo traces no functorch query)
-    if impl is None and compute_dtype is None and q.is_cpu and not compiling and not wrapped:  # the hot path
+    if (impl is None and compute_dtype is None and q.is_cpu and not compiling
+            and not _transformed(q, k, cos, rows)):  # the hot path (torch.func wrappers: resolve_impl says reference)
         lib = cpu.library_for(q.dtype)
         name = "reference" if lib is None else "cpu"
     else:
@@ -214,7 +213,7 @@ def rotate_held(q: torch.Tensor, k: torch.Tensor, rows: torch.Tensor, held: tupl
     Args:
         q, k: `[b, hq, t, d]` / `[b, hk, t, d]` ("bhtd") or `[b, t, hq, d]` / `[b, t, hk, d]` ("bthd").
         rows: the table row (position) of each token, `[t]` or `[b, t]`.
-        held: the table's `RopeTable.held` (its CPU addresses, sizes and pairing code).
+        held: the table's `RopeTable.held` (its CPU addresses, sizes and pairing code; rows the kernel holds).
     Returns:
         `(q_rotated, k_rotated)` (q and k themselves when `inplace`), or None when the call is one for
         `rotate`'s general path, with nothing written: other metadata, a row outside the table, q and k
@@ -238,7 +237,7 @@ def rotate_held(q: torch.Tensor, k: torch.Tensor, rows: torch.Tensor, held: tupl
     else:  # another layout, or not a string
         return None
     cos, sin, n, half, pairing = held
-    if kb != b or kt != t or d != head_dim or kd != d or half > _MAX_HALF or d > cpu.MAX_HEAD_DIM:
+    if kb != b or kt != t or d != head_dim or kd != d:
         return None
     if len(rs) == 1 and rs[0] == t:
         rows_b = 0

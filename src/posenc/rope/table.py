@@ -46,8 +46,8 @@ class RopeTable:
             not depend on the length).
         precision: "float32" or "exact", as `Rope.cos_sin`.
         held: what the CPU kernel reads of the table, `(cos address, sin address, rows, r/2, pairing code)`,
-            taken once when the table is made (None for a table on another device): a decode call then
-            reads no table metadata. A table is a value: its tensors are not to be changed in place.
+            taken once when the table is made (None for a table on another device, or rows wider than the
+            kernel's buffers hold, `cpu.fits`): a decode call then reads no table metadata. A table is a value: its tensors are not to be changed in place.
 
     Made by hand, `cos` and `sin` are checked (float32 `[n, r/2]`, one shape, one device) and made contiguous.
     """
@@ -60,7 +60,7 @@ class RopeTable:
     held: tuple[int, int, int, int, int] | None = field(init=False, repr=False)
 
     def __post_init__(self):
-        from ..kernels.cpu import PAIRING_CODES
+        from ..kernels.cpu import PAIRING_CODES, fits
 
         cos, sin, half = self.cos, self.sin, self.rope.rotary_dim // 2
         for arg, x in (("cos", cos), ("sin", sin)):  # a table made by hand is checked like one from Rope.table
@@ -71,7 +71,8 @@ class RopeTable:
         cos, sin = cos.contiguous(), sin.contiguous()  # the rows the kernels read, as Rope.table makes them
         object.__setattr__(self, "cos", cos)
         object.__setattr__(self, "sin", sin)
-        held = (cos.data_ptr(), sin.data_ptr(), *cos.shape, PAIRING_CODES[self.rope.pairing]) if cos.is_cpu else None
+        plain = cos.is_cpu and fits(self.rope.rotary_dim, self.rope.head_dim)  # rows the kernel's buffers hold
+        held = (cos.data_ptr(), sin.data_ptr(), *cos.shape, PAIRING_CODES[self.rope.pairing]) if plain else None
         object.__setattr__(self, "held", held)
 
     def __reduce__(self):
