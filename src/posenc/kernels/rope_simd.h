@@ -2,10 +2,9 @@
  *
  * - bf16_load / bf16_store: the scalar bfloat16 conversions (exact widening; round to nearest even, NaN ->
  *   0x7fc0, as c10::BFloat16), the rounding every vector routine below must reproduce bit for bit.
- * - With AVX-512 (F, BW, VL): split-half and interleaved rows of float32, bfloat16 and float16, and the heads
- *   of one token with 64 split-half pairs (float32; bfloat16 with AVX-512 BF16), each defining POSENC_SIMD_*
- *   or POSENC_HEADS_BF16 so that rope_tile.c picks it. Without AVX-512 none is defined and rope_tile.c's
- *   scalar loops run alone.
+ * - With AVX-512 (F, BW, VL): split-half and interleaved rows of float32, bfloat16 and float16, each defining
+ *   POSENC_SIMD_* so that rope_tile.c picks it (the heads of one token, a decode step's rows: rope_heads.h).
+ *   Without AVX-512 none is defined and rope_tile.c's scalar loops run alone.
  *
  * Every routine uses the scalar loop's operations (fp32 mul, mul, sub / add, no FMA: -ffp-contract=off) and
  * rounds once to the storage dtype, so results are bit-identical to the reference (posenc/rope/apply.py).
@@ -122,90 +121,6 @@ static inline int64_t split_half_f32_simd(const float *x, float *o, const float 
     }
     return half;
 }
-
-/* The heads of one token, split-half float32 rows of 64 pairs (head_dim 128, the common case): the token's
- * cos/sin row sits in 8 registers for all its heads. */
-static void heads_f32_64(const float *x, float *o, int64_t xv, int64_t ov, int64_t nv, const float *c,
-                         const float *s) {
-    const __m512 c0 = _mm512_loadu_ps(c), c1 = _mm512_loadu_ps(c + 16), c2 = _mm512_loadu_ps(c + 32),
-                 c3 = _mm512_loadu_ps(c + 48);
-    const __m512 s0 = _mm512_loadu_ps(s), s1 = _mm512_loadu_ps(s + 16), s2 = _mm512_loadu_ps(s + 32),
-                 s3 = _mm512_loadu_ps(s + 48);
-#define POSENC_ROT16(i, ci, si)                                                                    \
-    {                                                                                              \
-        __m512 a = _mm512_loadu_ps(x + (i)), b = _mm512_loadu_ps(x + (i) + 64);                    \
-        _mm512_storeu_ps(o + (i), _mm512_sub_ps(_mm512_mul_ps(a, ci), _mm512_mul_ps(b, si)));      \
-        _mm512_storeu_ps(o + (i) + 64, _mm512_add_ps(_mm512_mul_ps(b, ci), _mm512_mul_ps(a, si))); \
-    }
-    for (int64_t v = 0; v < nv; v++, x += xv, o += ov) {
-        POSENC_ROT16(0, c0, s0) POSENC_ROT16(16, c1, s1) POSENC_ROT16(32, c2, s2) POSENC_ROT16(48, c3, s3)
-    }
-#undef POSENC_ROT16
-}
-
-#if defined(__AVX512BF16__) && defined(__AVX512DQ__)
-/* 16 even and 16 odd float32 values rounded to bfloat16 (nearest even, NaN -> 0x7fc0, as bf16_store) and
- * interleaved: dword j = even[j] | odd[j] << 16. */
-static inline __m512i bf16_pack_exact(__m512 even, __m512 odd) {
-    const __m512i one = _mm512_set1_epi32(1), bias = _mm512_set1_epi32(0x7fff), nan = _mm512_set1_epi32(0x7fc0);
-    __m512i ue = _mm512_castps_si512(even), uo = _mm512_castps_si512(odd);
-    __m512i re = _mm512_srli_epi32(_mm512_add_epi32(ue, _mm512_add_epi32(bias, _mm512_and_si512(_mm512_srli_epi32(ue, 16), one))), 16);
-    __m512i ro = _mm512_srli_epi32(_mm512_add_epi32(uo, _mm512_add_epi32(bias, _mm512_and_si512(_mm512_srli_epi32(uo, 16), one))), 16);
-    re = _mm512_mask_mov_epi32(re, _mm512_cmp_ps_mask(even, even, _CMP_UNORD_Q), nan);
-    ro = _mm512_mask_mov_epi32(ro, _mm512_cmp_ps_mask(odd, odd, _CMP_UNORD_Q), nan);
-    return _mm512_or_si512(re, _mm512_slli_epi32(ro, 16));
-}
-
-/* The heads of one token, split-half bfloat16 rows of 64 pairs. 32 bf16 channels load as 16 words, each word
- * the pair (2j, 2j+1) of neighbours: `word << 16` and `word & 0xffff0000` are their float32 values, so the
- * even and odd channels are rotated apart (no widening shuffles), with the token's cos/sin row split the same
- * way once, in 8 registers. The same operations, check and rounding as split_half_bf16_simd; one shuffle per
- * 32 outputs restores their order. */
-#define POSENC_HEADS_BF16 1
-static void heads_bf16_64(const uint16_t *x, uint16_t *o, int64_t xv, int64_t ov, int64_t nv, const float *c,
-                          const float *s) {
-    static const int32_t EVEN_LANES[16] = {0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30};
-    static const int16_t MERGE_WORDS[32] = {0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23,
-                                            8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31};
-    const __m512i ev = _mm512_loadu_si512(EVEN_LANES), od = _mm512_add_epi32(ev, _mm512_set1_epi32(1));
-    const __m512i merge = _mm512_loadu_si512(MERGE_WORDS), high = _mm512_set1_epi32((int)0xffff0000u);
-    /* pairs 0-31 (block 0) and 32-63 (block 1): the even and the odd pairs' cos and sin */
-    const __m512 ce0 = _mm512_permutex2var_ps(_mm512_loadu_ps(c), ev, _mm512_loadu_ps(c + 16));
-    const __m512 co0 = _mm512_permutex2var_ps(_mm512_loadu_ps(c), od, _mm512_loadu_ps(c + 16));
-    const __m512 ce1 = _mm512_permutex2var_ps(_mm512_loadu_ps(c + 32), ev, _mm512_loadu_ps(c + 48));
-    const __m512 co1 = _mm512_permutex2var_ps(_mm512_loadu_ps(c + 32), od, _mm512_loadu_ps(c + 48));
-    const __m512 se0 = _mm512_permutex2var_ps(_mm512_loadu_ps(s), ev, _mm512_loadu_ps(s + 16));
-    const __m512 so0 = _mm512_permutex2var_ps(_mm512_loadu_ps(s), od, _mm512_loadu_ps(s + 16));
-    const __m512 se1 = _mm512_permutex2var_ps(_mm512_loadu_ps(s + 32), ev, _mm512_loadu_ps(s + 48));
-    const __m512 so1 = _mm512_permutex2var_ps(_mm512_loadu_ps(s + 32), od, _mm512_loadu_ps(s + 48));
-#define POSENC_EO32(i, ce, co, se, so)                                                                           \
-    {                                                                                                            \
-        const __m512i wa = _mm512_loadu_si512((const void *)(x + (i)));                                          \
-        const __m512i wb = _mm512_loadu_si512((const void *)(x + (i) + 64));                                     \
-        const __m512 ae = _mm512_castsi512_ps(_mm512_slli_epi32(wa, 16));                                        \
-        const __m512 ao = _mm512_castsi512_ps(_mm512_and_si512(wa, high));                                       \
-        const __m512 be = _mm512_castsi512_ps(_mm512_slli_epi32(wb, 16));                                        \
-        const __m512 bo = _mm512_castsi512_ps(_mm512_and_si512(wb, high));                                       \
-        const __m512 loe = _mm512_sub_ps(_mm512_mul_ps(ae, ce), _mm512_mul_ps(be, se));                          \
-        const __m512 loo = _mm512_sub_ps(_mm512_mul_ps(ao, co), _mm512_mul_ps(bo, so));                          \
-        const __m512 hie = _mm512_add_ps(_mm512_mul_ps(be, ce), _mm512_mul_ps(ae, se));                          \
-        const __m512 hio = _mm512_add_ps(_mm512_mul_ps(bo, co), _mm512_mul_ps(ao, so));                          \
-        if (!(_mm512_fpclass_ps_mask(loe, 0xA1) | _mm512_fpclass_ps_mask(loo, 0xA1) |                          \
-              _mm512_fpclass_ps_mask(hie, 0xA1) | _mm512_fpclass_ps_mask(hio, 0xA1))) {                        \
-            /* no lane NaN or denormal: the one-instruction rounding equals the bit arithmetic */               \
-            _mm512_storeu_si512((void *)(o + (i)), _mm512_permutexvar_epi16(merge, (__m512i)_mm512_cvtne2ps_pbh(loo, loe))); \
-            _mm512_storeu_si512((void *)(o + (i) + 64), _mm512_permutexvar_epi16(merge, (__m512i)_mm512_cvtne2ps_pbh(hio, hie))); \
-        } else {                                                                                                 \
-            _mm512_storeu_si512((void *)(o + (i)), bf16_pack_exact(loe, loo));                                   \
-            _mm512_storeu_si512((void *)(o + (i) + 64), bf16_pack_exact(hie, hio));                              \
-        }                                                                                                        \
-    }
-    for (int64_t v = 0; v < nv; v++, x += xv, o += ov) { /* each head: both halves loaded before any store */
-        POSENC_EO32(0, ce0, co0, se0, so0) POSENC_EO32(32, ce1, co1, se1, so1)
-    }
-#undef POSENC_EO32
-}
-#endif
 
 /* Interleaved float32 rows: 16 pairs per step, split into a (even lanes) and b (odd lanes) by two shuffles,
  * rotated with the same operations, merged back by two more; the rest of the row is left to the scalar loop. */

@@ -11,6 +11,7 @@
  */
 #include <stdint.h>
 
+#include "rope_heads.h"
 #include "rope_simd.h"
 #include "rope_tile.h"
 
@@ -84,7 +85,7 @@ static int stream_ok(const Tensor4 *t, int64_t elem, int64_t half) {
  * single tokens, tokens inner for bhtd). FAST(x, o, c, s, half) rotates a contiguous split-half row when HAS_FAST.
  * A channel stride != 1 gathers the row into a buffer, rotates it contiguously and scatters it back. When HOIST,
  * a token's heads of 64 split-half pairs (head_dim 128) in a tensor under PREFETCH_MIN_BYTES (a decode step) go
- * to HEADS64, which keeps the token's table row in registers. */
+ * to HEADS64 (rope_heads.h), which keeps the token's table row in registers. */
 #define DEFINE_TILE(NAME, ROW, ST, FAST, HAS_FAST, HOIST, HEADS64)                                                          \
 __attribute__((noinline)) static void NAME##_strided(const Tensor4 *t, const ST *x, ST *o, const float *c, \
                                                      const float *s, int64_t half, int pairing) {   \
