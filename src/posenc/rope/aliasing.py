@@ -8,6 +8,8 @@ from ..errors_tensors import transformed
 
 __all__ = ["aliased"]
 
+SEARCH_BUDGET = 4096  # index combinations tried before an undecided case is taken as aliased (refused)
+
 
 def _extent(shape, stride, elem: int) -> int:
     """Bytes from a tensor's first element to one past its last (0 when it has no elements)."""
@@ -19,11 +21,13 @@ def _extent(shape, stride, elem: int) -> int:
 def aliased(q: torch.Tensor, k: torch.Tensor) -> bool:
     """Whether rotating q and k in place would write some memory twice.
 
-    True when q or k has a broadcast (stride-0) dimension, or when some element of q is an element of k:
-    decided exactly when their memory ranges meet and they have the same sizes and strides (views of one
-    buffer, e.g. q and k split from a fused qkv projection: disjoint), else taken as disjoint when the
-    ranges do not meet, and as aliased when they do. Under a torch.func transform (vmap, grad) the wrappers
-    have no addresses: False (the transform's own in-place rules apply).
+    True when q or k has a broadcast (stride-0) dimension, or when some element of q is an element of k. When
+    their memory ranges do not meet: False at once. When they meet (views of one buffer, e.g. q and k split
+    by heads or channels from a fused qkv projection, GQA included), decided exactly: is k's offset from q,
+    in elements, `sum(i_d * q.stride(d)) - sum(j_d * k.stride(d))` for some index vectors i of q and j of k
+    (`_offset_reachable`)? Taken as aliased when that is not cheap to decide (more than SEARCH_BUDGET index
+    combinations, different element sizes, or offsets off the element grid). Under a torch.func transform
+    (vmap, grad) the wrappers have no addresses: False (the transform's own in-place rules apply).
     """
     if transformed(q, k):
         return False
@@ -38,12 +42,47 @@ def aliased(q: torch.Tensor, k: torch.Tensor) -> bool:
     qp, kp = q.data_ptr(), k.data_ptr()
     if not q_end or not k_end or qp >= kp + k_end or kp >= qp + q_end:
         return False
-    if q.shape != k.shape or q.stride() != k.stride() or q.element_size() != k.element_size():
-        return True  # ranges meet and the layouts differ: not worth deciding
-    delta = abs(kp - qp)  # bytes: is it the offset of some element of q (an index vector within the sizes)?
-    for n, st in sorted(zip(q.shape, q.stride()), key=lambda d: -d[1]):
-        step = st * q.element_size()
-        if step:
-            m = min(delta // step, n - 1)
-            delta -= m * step
-    return delta == 0
+    elem = q.element_size()
+    if k.element_size() != elem or (kp - qp) % elem:
+        return True  # ranges meet and elements may overlap in part: not worth deciding
+    # q's element i sits at qp + sum(i_d * sq_d), k's element j at kp + sum(j_d * sk_d): one address for both
+    # when sum(i_d * sq_d) - sum(j_d * sk_d) = (kp - qp) / elem. Dimensions of one stride add their ranges.
+    ranges: dict[int, list[int]] = {}  # stride -> [lo, hi] of the summed index differences
+    for n, st in zip(q.shape, q.stride()):
+        if n > 1:
+            ranges.setdefault(st, [0, 0])[1] += n - 1  # q's indices widen the top
+    for n, st in zip(k.shape, k.stride()):
+        if n > 1:
+            ranges.setdefault(st, [0, 0])[0] -= n - 1  # k's the bottom
+    dims = [(st, lo, hi) for st, (lo, hi) in sorted(ranges.items(), reverse=True)]
+    found = _offset_reachable((kp - qp) // elem, dims, SEARCH_BUDGET)
+    return True if found is None else found
+
+
+def _offset_reachable(delta: int, dims: list[tuple[int, int, int]], budget: int) -> bool | None:
+    """Whether delta = sum(e_d * stride_d) for integers lo_d <= e_d <= hi_d (dims by decreasing stride > 0).
+
+    A depth-first search that tries, at each dimension, only the e_d that leave a remainder the smaller
+    strides can still reach (at most a few for the layouts of real tensors); None when it would try more than
+    `budget` combinations.
+    """
+    low, high = [0] * (len(dims) + 1), [0] * (len(dims) + 1)  # what dims[i:] can reach together
+    for i in range(len(dims) - 1, -1, -1):
+        st, lo, hi = dims[i]
+        low[i], high[i] = low[i + 1] + lo * st, high[i + 1] + hi * st
+    tried = 0
+    stack = [(0, delta)]
+    while stack:
+        i, rest = stack.pop()
+        if i == len(dims):
+            if rest == 0:
+                return True
+            continue
+        st, lo, hi = dims[i]
+        first = max(lo, -((high[i + 1] - rest) // st))  # the least e with rest - e * st <= high[i + 1]
+        last = min(hi, (rest - low[i + 1]) // st)  # the largest e with rest - e * st >= low[i + 1]
+        tried += max(0, last - first + 1)
+        if tried > budget:
+            return None
+        stack.extend((i + 1, rest - e * st) for e in range(first, last + 1))
+    return False
