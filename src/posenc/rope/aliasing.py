@@ -27,7 +27,9 @@ def aliased(q: torch.Tensor, k: torch.Tensor) -> bool:
     in elements, `sum(i_d * q.stride(d)) - sum(j_d * k.stride(d))` for some index vectors i of q and j of k
     (`_offset_reachable`)? Taken as aliased when that is not cheap to decide (more than SEARCH_BUDGET index
     combinations, different element sizes, or offsets off the element grid). Under a torch.func transform
-    (vmap, grad) the wrappers have no addresses: False (the transform's own in-place rules apply).
+    (vmap, grad) the wrappers have no addresses: False (the transform's own in-place rules apply). A tensor
+    that overlaps itself without a stride 0 (made by `as_strided`) is not looked for, as torch's own in-place
+    ops do not.
     """
     if transformed(q, k):
         return False
