@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from posenc import PosencError, Rope
-from posenc.rope.aliasing import _offset_reachable, aliased
+from posenc.rope.aliasing import _offset_reachable, aliased, overlaps_itself
 
 
 def shares(q: torch.Tensor, k: torch.Tensor) -> bool:
@@ -90,8 +90,32 @@ def view_pairs(draw):
     return _views(draw, x), _views(draw, x)
 
 
+@st.composite
+def strided_views(draw, buffer: torch.Tensor):
+    """Any sizes and strides that stay inside the buffer: dense, gapped or meeting themselves."""
+    ndim = draw(st.integers(1, 4))
+    sizes = draw(st.lists(st.integers(1, 4), min_size=ndim, max_size=ndim))
+    strides = draw(st.lists(st.integers(0, 12), min_size=ndim, max_size=ndim))
+    reach = sum((n - 1) * s for n, s in zip(sizes, strides))
+    offset = draw(st.integers(0, max(0, buffer.numel() - 1 - reach)))
+    if offset + reach >= buffer.numel():
+        sizes = [1] * ndim
+    return buffer.as_strided(sizes, strides, offset)
+
+
 @settings(max_examples=300, deadline=None)
 @given(view_pairs())
 def test_aliased_equals_the_address_oracle_on_random_views(pair):
     q, k = pair
+    assert aliased(q, k) == shares(q, k), (q.shape, q.stride(), k.shape, k.stride(), k.data_ptr() - q.data_ptr())
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.data())
+def test_aliased_and_overlaps_itself_equal_the_oracle_on_any_strides(data):
+    buffer = indexed(200)
+    q, k = data.draw(strided_views(buffer)), data.draw(strided_views(buffer))
+    for x in (q, k):
+        qi = x.flatten().tolist()
+        assert overlaps_itself(x) == (len(set(qi)) < len(qi)), (x.shape, x.stride())
     assert aliased(q, k) == shares(q, k), (q.shape, q.stride(), k.shape, k.stride(), k.data_ptr() - q.data_ptr())

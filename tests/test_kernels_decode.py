@@ -192,13 +192,21 @@ def test_in_place_refuses_q_and_k_sharing_memory_and_keeps_split_views():
         "overlapping heads": (x[:, :3], x[:, 1:]),
         "overlapping channels of one buffer": (qkv[..., :8], qkv[..., 4:12]),
         "bthd overlapping heads": (y[:, :, :3].transpose(1, 2), y[:, :, 1:].transpose(1, 2)),
-        "broadcast q": (randn(1, 4, 3, 8).expand(2, 4, 3, 8), randn(2, 4, 3, 8)),
     }
     for name, (q, k) in refused.items():
         before = x.clone(), y.clone(), qkv.clone()
         with pytest.raises(PosencError, match="k: expected a tensor that shares no memory with q"):
             rope.apply_(q, k, pos)
         assert all(torch.equal(a, b) for a, b in zip(before, (x, y, qkv))), name  # nothing written
+    repeats = {  # a tensor whose own elements meet is named itself
+        "q": (randn(1, 4, 3, 8).expand(2, 4, 3, 8), randn(2, 4, 3, 8)),  # broadcast
+        "k": (randn(2, 4, 3, 8), x.flatten().as_strided((2, 4, 3, 8), (96, 24, 4, 1))),  # rows meet
+    }
+    for arg, (q, k) in repeats.items():
+        before = x.clone()
+        with pytest.raises(PosencError, match=f"^{arg}: expected a tensor whose elements are distinct memory"):
+            rope.apply_(q, k, pos)
+        assert torch.equal(x, before), arg
     q, k = randn(2, 4, 3, 8), randn(2, 4, 3, 8, seed=1)
     x0 = x.clone()
     with pytest.raises(PosencError, match="shares no memory"):

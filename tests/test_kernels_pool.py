@@ -426,7 +426,7 @@ def test_held_table_in_place_refusals_name_the_argument():
     leaf = randn(3, 4, 1, 64).requires_grad_()
     cases = [((leaf, randn(3, 2, 1, 64)), r"^q: expected a tensor autograd lets apply_ change"),
              ((x[:, :4], x[:, 2:]), r"^k: expected a tensor that shares no memory with q"),  # overlapping heads
-             ((x[:, :1].expand(3, 4, 1, 64), x[:, 4:]), r"^k: expected a tensor that shares no memory with q")]  # broadcast
+             ((x[:, :1].expand(3, 4, 1, 64), x[:, 4:]), r"^q: expected a tensor whose elements are distinct memory")]  # broadcast
     before = x.clone()
     for (q, k), message in cases:
         with pytest.raises(PosencError, match=message):

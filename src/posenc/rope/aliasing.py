@@ -6,7 +6,7 @@ import torch
 
 from ..errors_tensors import transformed
 
-__all__ = ["aliased"]
+__all__ = ["written_twice", "aliased", "shares_memory", "overlaps_itself"]
 
 SEARCH_BUDGET = 4096  # index combinations tried before an undecided case is taken as aliased (refused)
 
@@ -18,28 +18,40 @@ def _extent(shape, stride, elem: int) -> int:
     return (1 + sum((n - 1) * st for n, st in zip(shape, stride))) * elem
 
 
-def aliased(q: torch.Tensor, k: torch.Tensor) -> bool:
-    """Whether rotating q and k in place would write some memory twice.
+def written_twice(q: torch.Tensor, k: torch.Tensor) -> tuple[str, str] | None:
+    """Why rotating q and k in place would write some memory twice: (argument, "itself" or "q"), else None.
 
-    True when q or k has a broadcast (stride-0) dimension, or when some element of q is an element of k. When
-    their memory ranges do not meet: False at once. When they meet (views of one buffer, e.g. q and k split
-    by heads or channels from a fused qkv projection, GQA included), decided exactly: is k's offset from q,
-    in elements, `sum(i_d * q.stride(d)) - sum(j_d * k.stride(d))` for some index vectors i of q and j of k
-    (`_offset_reachable`)? Taken as aliased when that is not cheap to decide (more than SEARCH_BUDGET index
-    combinations, different element sizes, or offsets off the element grid). Under a torch.func transform
-    (vmap, grad) the wrappers have no addresses: False (the transform's own in-place rules apply). A tensor
-    that overlaps itself without a stride 0 (made by `as_strided`) is not looked for, as torch's own in-place
-    ops do not.
+    ("q" or "k", "itself") for a tensor that overlaps itself (`overlaps_itself`: a broadcast dimension, rows
+    made to meet by `as_strided`); ("k", "q") for one that shares an element with q (`shares_memory`). Under a
+    torch.func transform (vmap, grad) the wrappers have no addresses: None (the transform's own in-place rules
+    apply).
     """
     if transformed(q, k):
-        return False
-    if q.is_contiguous() and k.is_contiguous():  # no broadcast dimension: disjoint unless the ranges meet
+        return None
+    for arg, x in (("q", q), ("k", k)):
+        if overlaps_itself(x):
+            return arg, "itself"
+    return ("k", "q") if shares_memory(q, k) else None
+
+
+def aliased(q: torch.Tensor, k: torch.Tensor) -> bool:
+    """Whether rotating q and k in place would write some memory twice (`written_twice` names which)."""
+    return written_twice(q, k) is not None
+
+
+def shares_memory(q: torch.Tensor, k: torch.Tensor) -> bool:
+    """Whether some element of q is an element of k (q and k each without repeated elements).
+
+    When their memory ranges do not meet: False at once. When they meet (views of one buffer, e.g. q and k
+    split by heads or channels from a fused qkv projection, GQA included), decided exactly: is k's offset from
+    q, in elements, `sum(i_d * q.stride(d)) - sum(j_d * k.stride(d))` for some index vectors i of q and j of k
+    (`_offset_reachable`)? True when that is not cheap to decide (more than SEARCH_BUDGET index combinations,
+    different element sizes, or offsets off the element grid).
+    """
+    if q.is_contiguous() and k.is_contiguous():  # (the common case) disjoint unless the ranges meet
         qp, kp = q.data_ptr(), k.data_ptr()
         if qp + q.numel() * q.element_size() <= kp or kp + k.numel() * k.element_size() <= qp:
             return False
-    for x in (q, k):
-        if any(st == 0 and n > 1 for n, st in zip(x.shape, x.stride())):
-            return True
     q_end, k_end = _extent(q.shape, q.stride(), q.element_size()), _extent(k.shape, k.stride(), k.element_size())
     qp, kp = q.data_ptr(), k.data_ptr()
     if not q_end or not k_end or qp >= kp + k_end or kp >= qp + q_end:
@@ -59,6 +71,31 @@ def aliased(q: torch.Tensor, k: torch.Tensor) -> bool:
     dims = [(st, lo, hi) for st, (lo, hi) in sorted(ranges.items(), reverse=True)]
     found = _offset_reachable((kp - qp) // elem, dims, SEARCH_BUDGET)
     return True if found is None else found
+
+
+def overlaps_itself(x: torch.Tensor) -> bool:
+    """Whether two elements of x are one address: a broadcast (stride-0) dimension, or rows `as_strided` made
+    to meet. torch's own in-place ops let the latter run (their result then depends on the order of the
+    writes); a rotation would read elements it already wrote, so `apply_` refuses both. Decided exactly, as
+    in `shares_memory`; undecided past SEARCH_BUDGET tries: True."""
+    if x.is_contiguous():
+        return False
+    dims = sorted(((st, n) for n, st in zip(x.shape, x.stride()) if n > 1), reverse=True)  # by stride, largest first
+    if dims and dims[-1][0] == 0:
+        return True
+    span = 0  # nested strides, each beyond what the smaller ones reach (any dense layout): no overlap
+    for st, n in reversed(dims):
+        if st <= span:
+            break
+        span += (n - 1) * st
+    else:
+        return False
+    for p, (st, n) in enumerate(dims):  # the largest-stride index difference that is not 0: dims[p]'s, > 0
+        rest = [(s, 1 - m, m - 1) for s, m in dims[p + 1:]]
+        found = _offset_reachable(0, [(st, 1, n - 1), *rest], SEARCH_BUDGET)
+        if found is None or found:
+            return True
+    return False
 
 
 def _offset_reachable(delta: int, dims: list[tuple[int, int, int]], budget: int) -> bool | None:

@@ -21,7 +21,7 @@ import torch
 
 from ..errors import Raw, fail
 from . import route
-from .aliasing import aliased
+from .aliasing import written_twice
 from .apply import LAYOUTS
 from .scaling import Default, Scaling
 from .spec_checks import RopeChecks
@@ -193,9 +193,13 @@ class Rope(RopeChecks, RopeTables):
             arg = "q" if q.is_inference() else "k"  # torch refuses x.mul_(2) here too
             fail(arg, "a tensor torch lets apply_ change (an inference tensor only inside torch.inference_mode(); "
                  "clone it or rotate under inference_mode)", Raw("an inference tensor outside inference mode"))
-        if eager_inplace and aliased(q, k):
+        twice = written_twice(q, k) if eager_inplace else None
+        if twice == ("k", "q"):
             fail("k", "a tensor that shares no memory with q (apply_ writes both; rotate one tensor with rotate)",
                  Raw("a view of q's memory"))
+        if twice:
+            fail(twice[0], "a tensor whose elements are distinct memory (apply_ writes each once: clone a broadcast "
+                 "or as_strided view)", Raw("a view that repeats memory"))
         position_ids = self._check_positions(position_ids, q, layout, "q")
         cos, sin, rows = self._tables_for(position_ids, table, seq_len, precision, allow_negative, q)
         return route.rotate(q, k, cos, sin, rows, self.pairing, inplace=inplace, impl=impl, layout=layout,
