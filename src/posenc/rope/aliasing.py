@@ -1,4 +1,5 @@
-"""Whether q and k share memory: `apply_` writes both, and would rotate a shared element twice."""
+"""Whether q and k share memory, or either overlaps itself: `apply_` writes both, and would rotate such an
+element twice."""
 
 from __future__ import annotations
 
