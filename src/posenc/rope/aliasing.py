@@ -7,9 +7,9 @@ import torch
 
 from ..errors_tensors import transformed
 
-__all__ = ["written_twice", "aliased", "shares_memory", "overlaps_itself"]
+__all__ = ["written_twice", "shares_memory", "overlaps_itself"]
 
-SEARCH_BUDGET = 4096  # index combinations tried before an undecided case is taken as aliased (refused)
+SEARCH_BUDGET = 4096  # index combinations tried before an undecided case is taken as shared (refused)
 
 
 def _extent(shape, stride, elem: int) -> int:
@@ -33,11 +33,6 @@ def written_twice(q: torch.Tensor, k: torch.Tensor) -> tuple[str, str] | None:
         if overlaps_itself(x):
             return arg, "itself"
     return ("k", "q") if shares_memory(q, k) else None
-
-
-def aliased(q: torch.Tensor, k: torch.Tensor) -> bool:
-    """Whether rotating q and k in place would write some memory twice (`written_twice` names which)."""
-    return written_twice(q, k) is not None
 
 
 def shares_memory(q: torch.Tensor, k: torch.Tensor) -> bool:

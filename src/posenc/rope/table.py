@@ -47,7 +47,8 @@ class RopeTable:
         precision: "float32" or "exact", as `Rope.cos_sin`.
         held: what the CPU kernel reads of the table, `(cos address, sin address, rows, r/2, pairing code)`,
             taken once when the table is made (None for a table on another device, or rows wider than the
-            kernel's buffers hold, `cpu.fits`): a decode call then reads no table metadata. A table is a value: its tensors are not to be changed in place.
+            kernel's buffers hold, `cpu.fits`): a decode call then reads no table metadata. A table is a
+            value: its tensors are not to be changed in place.
 
     Made by hand, `cos` and `sin` are checked (float32 `[n, r/2]`, one shape, one device) and made contiguous.
     """
