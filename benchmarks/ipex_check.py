@@ -7,7 +7,7 @@
 import torch
 
 from posenc import Rope
-from posenc.bench import providers
+from posenc.bench.providers import providers
 
 SHAPES = [(2, 4, 2, 5, 40), (3, 4, 4, 1, 4095), (1, 3, 1, 17, 0), (1, 32, 8, 256, 0)]  # b, hq, hk, t, start
 

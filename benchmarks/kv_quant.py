@@ -66,7 +66,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
 
-    from posenc.kv_cache_quant import cache_bytes_per_token
+    from posenc.cache.quant import cache_bytes_per_token
     from posenc.models import Decoder, embedded_model_path, load_tokenizer
 
     path = embedded_model_path()

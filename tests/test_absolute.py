@@ -4,7 +4,7 @@ import math
 
 import pytest
 import torch
-from conftest import assert_close
+from tests.helpers.tolerances import assert_close
 
 from posenc import LearnedPositions, PosencError, Sinusoidal, sinusoidal_table
 

@@ -9,7 +9,7 @@ import torch
 
 pytest.importorskip("matplotlib")
 
-from conftest import assert_close  # noqa: E402
+from tests.helpers.tolerances import assert_close  # noqa: E402
 from posenc.cli import main  # noqa: E402
 from posenc import PosencError  # noqa: E402
 from posenc import inspection as ins  # noqa: E402

@@ -7,8 +7,10 @@ import torch
 
 import posenc
 from posenc import PosencError, Rope
+from posenc.attention import attention
 from posenc.bias.alibi import alibi_bias, alibi_slopes
 from posenc.bias.relative import T5RelativeBias, t5_relative_position_bucket
+from posenc.errors import integer
 from posenc.rope.axial import axial_cos_sin
 from posenc.rope.mrope import mrope_cos_sin
 
@@ -37,7 +39,11 @@ CALLS = {  # name -> f(positions) for [b, t] positions
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
+
+
 @pytest.mark.parametrize("name", sorted(CALLS))
+
+
 def test_every_integer_dtype_equals_int64(name, dtype):
     want = CALLS[name](POS)
     assert torch.equal(CALLS[name](POS.to(dtype)), want)
@@ -77,6 +83,8 @@ def test_numpy_scalars_are_accepted_like_python_ints():
     (lambda: Rope(head_dim=8).cos_sin(torch.arange(3), precision="fp64"), r"^precision: expected one of \('float32', 'exact'\)"),
     (lambda: Rope(head_dim=8, pairing=1), r"^pairing: expected one of \("),
 ])
+
+
 def test_messages_name_the_right_argument(call, message):
     with pytest.raises(PosencError, match=message):
         call()
@@ -88,6 +96,8 @@ def test_cos_sin_has_no_ignored_compute_dtype():
 
 
 @pytest.mark.parametrize("pairing", ["split_half", "interleaved"])
+
+
 def test_rotate_honours_compute_dtype(pairing):
     """`rotate(x, p, compute_dtype=bf16)` rounds tables and products to bf16 (the transformers arithmetic)."""
     rope = Rope(head_dim=8, pairing=pairing)
@@ -106,7 +116,11 @@ def test_rotate_honours_compute_dtype(pairing):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
+
+
 @pytest.mark.parametrize("precision", ["float32", "exact"])
+
+
 def test_tables_take_every_integer_dtype(dtype, precision):
     from posenc.rope.tables import cos_sin
 
@@ -120,9 +134,98 @@ def test_tables_take_every_integer_dtype(dtype, precision):
     ((2, "1", 1), r"^mrope_section\[1\]: expected an integer >= 0, got '1'$"),
     ((2, 1, 1.0), r"^mrope_section\[2\]: expected an integer >= 0, got 1\.0$"),
 ])
+
+
 def test_mrope_section_checked_before_use(section, message):
     with pytest.raises(PosencError, match=message):
         Rope(head_dim=8, mrope_section=section)
     with pytest.raises(PosencError, match=r"^mrope_interleaved: expected True or False, got 'yes'$"):
         Rope(head_dim=8, mrope_section=(2, 1, 1), mrope_interleaved="yes")
     assert Rope(head_dim=8, mrope_section=[np.int64(2), 1, 1]).mrope_section == (2, 1, 1)
+
+
+HUGE = 2**70  # a Python int no int64 tensor or torch size can hold
+
+IDS = dict(image_token_id=7, video_token_id=8, vision_start_token_id=9)
+
+TOO_BIG = {  # name -> (call, the argument the message must name)
+    "Rope": (lambda: posenc.Rope(head_dim=HUGE), "head_dim"),
+    "alibi_slopes": (lambda: posenc.alibi_slopes(HUGE), "num_heads"),
+    "LearnedPositions": (lambda: posenc.LearnedPositions(HUGE, 4), "num_positions"),
+    "T5RelativeBias": (lambda: posenc.T5RelativeBias(HUGE), "num_heads"),
+    "KVCache": (lambda: posenc.KVCache(1, 1, 1, 4, HUGE), "capacity"),
+    "attention.window": (lambda: attention(*[torch.ones(1, 1, 2, 4)] * 3, q_positions=torch.arange(2),
+                                           k_positions=torch.arange(2), window=HUGE), "window"),
+    "mrope_position_ids": (lambda: posenc.mrope_position_ids(torch.ones(1, 3, dtype=torch.long),
+                                                             **(IDS | {"image_token_id": HUGE})), "image_token_id"),
+}
+
+def _refused(table, name, expected):
+    """Call `table[name]`'s function; it must raise a PosencError naming its argument, then `expected`."""
+    call, arg = table[name]
+    with pytest.raises(PosencError, match=rf"^{arg}: expected {expected}"):
+        call()
+
+META = torch.arange(4, device="meta")
+
+NO_VALUES = {  # name -> (call, argument): positions and ids are read, a meta tensor has nothing to read
+    "Rope.cos_sin": (lambda: posenc.Rope(head_dim=8).cos_sin(META), "position_ids"),
+    "sinusoidal_table": (lambda: posenc.sinusoidal_table(META, 8), "positions"),
+    "axial_cos_sin": (lambda: posenc.axial_cos_sin(META.view(2, 2), 8), "positions"),
+    "alibi_bias.k": (lambda: posenc.alibi_bias(4, torch.arange(4), META), "k_positions"),
+    "mrope_position_ids": (lambda: posenc.mrope_position_ids(META.view(1, 4), **IDS), "input_ids"),
+    "vision_patch_positions": (lambda: posenc.vision_patch_positions(torch.ones(1, 3, dtype=torch.long,
+                                                                                device="meta")), "grid_thw"),
+}
+
+M64 = 2**63 - 1
+
+OVERFLOWING = {  # name -> (call, argument); each wrapped p + 1 or p - q in int64 and returned a wrong result
+    "Decoder.position_ids": (lambda: _longrope_decoder()(torch.tensor([[1, 2]]), position_ids=torch.tensor([M64 - 1, M64])),
+                             "position_ids"),  # seq_len wrapped negative: short factors at position 2**63 - 1
+    "alibi_bias": (lambda: posenc.alibi_bias(4, torch.tensor([M64]), torch.tensor([-M64 - 1])), "q_positions"),
+    "t5_bucket": (lambda: posenc.t5_relative_position_bucket(torch.tensor([-M64 - 1, M64])), "relative_position"),
+    "rerotate": (lambda: posenc.rerotate(posenc.Rope(head_dim=8, scaling=posenc.DynamicNTK(2.0, 8)),
+                                         torch.ones(1, 1, 1, 8), torch.tensor([M64]), torch.tensor([0])), "old_positions"),
+    "Rope.cos_sin": (lambda: posenc.Rope(head_dim=8).cos_sin(torch.tensor([2**53 + 1])), "position_ids"),
+}
+
+def _longrope_decoder():
+    from tests.models.test_decoder import config
+    return posenc.models.Decoder.from_hf_config(config("longrope", num_hidden_layers=1), seed=0).double()
+
+
+@pytest.mark.parametrize("name", TOO_BIG)
+
+
+def test_integers_beyond_int64_are_refused_by_name(name):
+    _refused(TOO_BIG, name, ".*fits in int64")
+
+
+def test_the_int64_bound_is_inclusive_and_numpy_integers_pass():
+    assert integer("n", 2**63 - 1) == 2**63 - 1 and integer("n", -(2**63)) == -(2**63)
+    assert integer("n", np.int64(5), min=1) == 5
+    with pytest.raises(PosencError, match=r"^n: expected an integer that fits in int64"):
+        integer("n", np.uint64(2**64 - 1))
+
+
+@pytest.mark.parametrize("name", NO_VALUES)
+
+
+def test_meta_tensors_where_values_are_needed_are_refused_by_name(name):
+    _refused(NO_VALUES, name, r"a tensor with values \(not on the meta device\)")
+
+
+@pytest.mark.parametrize("name", OVERFLOWING)
+
+
+def test_positions_beyond_2_pow_53_are_refused_by_name(name):
+    _refused(OVERFLOWING, name, r"positions with \|p\| <= 2\*\*53")
+
+
+def test_positions_up_to_2_pow_53_are_still_accepted():
+    p = torch.tensor([[2**53 - 1, 2**53]])
+    cos, sin = posenc.Rope(head_dim=4).cos_sin(p)  # float32 angles, as checkpoints compute them
+    assert bool(((cos.double() ** 2 + sin.double() ** 2 - 1).abs() < 1e-6).all())  # a rotation, whatever the angle
+    logits = _longrope_decoder()(torch.tensor([[1, 2]]), position_ids=p)
+    assert logits.shape == (1, 2, 50) and bool(torch.isfinite(logits).all())

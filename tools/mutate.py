@@ -16,7 +16,7 @@ statements (`fail(...)`, `integer(...)`, ...) -> `pass`; slices `a[i:j]` -> `a[j
 Examples:
     python tools/mutate.py --list --files src/posenc/cache/kvcache.py            # the mutants, nothing run
     nice -n 10 python tools/mutate.py --max 200 --seed 0 --report survivors.md
-    python tools/mutate.py --files src/posenc/rope/rerotate.py --tests tests/test_rerotate.py --max 20
+    python tools/mutate.py --files src/posenc/rope/rerotate.py --tests tests/rope/test_rerotate.py --max 20
 """
 
 from __future__ import annotations
@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import ast
 import copy
-import fnmatch
 import os
 import random
 import shutil
@@ -38,27 +37,6 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_FILES = ["src/posenc/rope/*.py", "src/posenc/cache/*.py", "src/posenc/hf/*.py"]
-# which test files exercise a source file (glob patterns under tests/); a file not listed runs the whole suite
-TESTS = {
-    "rope/scaling.py": ["test_scaling.py", "test_rope_*.py", "test_hf_*.py", "test_validation.py"],
-    "rope/scaling_uniform.py": ["test_scaling.py", "test_rope_*.py", "test_hf_*.py", "test_validation.py"],
-    "rope/spec.py": ["test_rope_*.py", "test_hf_parity.py", "test_precision.py", "test_validation.py"],
-    "rope/spec_checks.py": ["test_rope_*.py", "test_hf_parity.py", "test_precision.py", "test_validation.py"],
-    "rope/spec_tables.py": ["test_rope_*.py", "test_hf_parity.py", "test_precision.py", "test_validation.py"],
-    "rope/tables.py": ["test_rope_*.py", "test_precision.py", "test_hf_parity.py", "test_mrope.py", "test_validation.py"],
-    "rope/apply.py": ["test_rope_*.py", "test_hf_parity.py", "test_validation.py"],
-    "rope/rerotate.py": ["test_rerotate.py", "test_cache*.py", "test_validation.py"],
-    "rope/mrope.py": ["test_mrope*.py", "test_rope_invariants.py", "test_validation.py"],
-    "rope/mrope_positions.py": ["test_mrope_positions.py", "test_validation.py"],
-    "rope/axial.py": ["test_axial.py", "test_validation.py"],
-    "rope/__init__.py": ["test_import.py"],
-    **{f"cache/{name}.py": ["test_cache*.py", "test_decode_policies.py", "test_decoder.py",
-                            "test_mutation_survivors.py", "test_validation.py", "test_no_host_sync.py"]
-       for name in ("__init__", "kvcache", "storage", "paged", "policy", "edit", "checks")},
-    "hf/rope.py": ["test_hf_*.py", "test_inspect.py", "test_decoder.py"],
-    "hf/facts.py": ["test_hf_*.py", "test_inspect.py", "test_decoder.py", "test_cli.py"],
-    "hf/__init__.py": ["test_hf_*.py", "test_inspect.py"],
-}
 CHECKS = {"fail", "integer", "real", "boolean", "choice", "positions", "check_positive", "check_int_positions",
           "batch_positions", "check_float_tensor"}
 MESSAGE_CALLS = {"fail", "PosencError", "Raw"}
@@ -167,13 +145,16 @@ def mutants(path: Path) -> list[Mutant]:
 
 
 def tests_for(rel: str) -> list[str]:
-    """Test files (relative paths) for a source file, from TESTS; the whole tests/ folder if it is not listed."""
-    key = rel.removeprefix("src/posenc/")
-    patterns = TESTS.get(key)
-    if not patterns:
-        return ["tests"]
-    names = sorted({p.name for pattern in patterns for p in (ROOT / "tests").glob(pattern)})
-    return [f"tests/{n}" for n in names] or ["tests"]
+    """Test files for a source file, found by the mirror rule: src/posenc/P/M.py -> tests/P/test_M*.py.
+
+    A package's `__init__.py` maps to its whole test folder; a file with no mirror runs the whole suite.
+    """
+    path = Path(rel).relative_to("src/posenc")
+    folder = ROOT / "tests" / path.parent
+    if path.name == "__init__.py":
+        return [str(folder.relative_to(ROOT))] if folder.is_dir() else ["tests"]
+    found = sorted(str(p.relative_to(ROOT)) for p in folder.glob(f"test_{path.stem}*.py"))
+    return found or ["tests"]
 
 
 PYTEST_ARGS = ["-x", "-q", "-p", "no:cacheprovider"]
@@ -258,7 +239,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__.split("Examples:")[1],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--files", nargs="+", default=DEFAULT_FILES, help="source files or globs (default: %(default)s)")
-    parser.add_argument("--tests", nargs="+", help="test files to run for every mutant (default: per file, see TESTS)")
+    parser.add_argument("--tests", nargs="+", help="test files to run for every mutant (default: per file, its mirror tests/P/test_M*.py)")
     parser.add_argument("--max", type=int, default=100, help="run at most N mutants, sampled at random (default 100; 0 = all)")
     parser.add_argument("--seed", type=int, default=0, help="sampling seed (default 0)")
     parser.add_argument("--timeout", type=float, default=0, help="seconds per run (default: 3x the clean run + 20)")

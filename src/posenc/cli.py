@@ -9,7 +9,7 @@
 
 `main(argv)` returns the exit code (0, or 2 for bad input with the message on stderr, a missing optional
 package included); plain aligned text when stdout is not a terminal, rich tables when it is and `rich` is
-installed, JSON with `--json`. The text itself is `posenc.inspect_text`.
+installed, JSON with `--json`. The text itself is `posenc.inspection.text`.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from typing import Sequence
 from . import __version__
 from . import inspection as ins
 from .errors import PosencError, fail, integer
-from .inspect_text import print_rich, render_inspect
+from .inspection.text import print_rich, render_inspect
 from .plots import PLOT_KINDS
 
 __all__ = ["main", "build_parser", "render_inspect", "require"]

@@ -66,7 +66,7 @@ class KVCache:
         block_size: None (contiguous rows) or slots per block of paged storage (`PagedStore`): rows own
             block tables, `reorder` moves tables (forked rows share blocks, copied on write).
         make_store: None (`ContiguousStore`) or a callable with `ContiguousStore`'s signature making each
-            layer's `KVStore` (e.g. `posenc.kv_store.QuantStore`, which `QuantizedKVCache` passes).
+            layer's `KVStore` (e.g. `posenc.cache.quant.store.QuantStore`, which `QuantizedKVCache` passes).
     Attributes:
         positions `[b, capacity]` int64 (-1 = empty); tokens `[b, capacity]` token ids (-1 = unknown);
         lengths `[b]` filled slots; table_len `[b]` sequence length of the row's table (0 = never filled);

@@ -20,7 +20,9 @@ from typing import Any
 
 import torch
 
-from ..attention import _bias_4d, _visible, check_inputs
+from ..attention.encoding import _bias_4d
+from ..attention.masks import _visible
+from ..attention import check_inputs
 from ..errors import batch_positions, fail
 from .collectives import group_size_rank, ring_shift
 from .encodings import encode_shard

@@ -41,7 +41,7 @@ LARGE_OUTPUT_BYTES = 4 << 20  # rope_tile.h's threshold for huge pages
 
 
 class RopeArgs(ctypes.Structure):
-    """`RopeArgs` of rope_cpu.c, field for field (tests/test_kernels.py checks the layout against the C side)."""
+    """`RopeArgs` of rope_cpu.c, field for field (tests/kernels/test_cpu.py checks the layout against the C side)."""
 
     _fields_ = [("q", ctypes.c_void_p), ("q_out", ctypes.c_void_p), ("k", ctypes.c_void_p),
                 ("k_out", ctypes.c_void_p), ("cos", ctypes.c_void_p), ("sin", ctypes.c_void_p),

@@ -69,7 +69,7 @@ class DecoderForward(nn.Module):
                 how to size it), or None to grow on demand (doubling; amortised O(1) per token).
             store: "rotated" or "unrotated" keys. policy: "recompute", "rerotate", "freeze" or "refuse".
             block_size: None (contiguous rows) or slots per block of paged storage (forks share blocks).
-            kv_dtype: None (the model's dtype) or a `posenc.kv_quant` format ("int8", "int4", "fp8",
+            kv_dtype: None (the model's dtype) or a `posenc.cache.quant.formats` format ("int8", "int4", "fp8",
                 "bfloat16", ...): a `QuantizedKVCache` (store "unrotated": keys per channel before RoPE).
                 Not with a block_size (quantized storage is contiguous).
         """
@@ -78,7 +78,7 @@ class DecoderForward(nn.Module):
                  "cache: there are no unrotated keys to store)", store)
         weight = self.embed_tokens.weight
         if kv_dtype is not None:
-            from ..kv_cache_quant import QuantizedKVCache
+            from ..cache.quant import QuantizedKVCache
 
             if block_size is not None:
                 fail("block_size", "None with a kv_dtype (quantized storage is contiguous)", block_size)

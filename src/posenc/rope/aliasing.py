@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from ..errors_tensors import transformed
+from ..errors.tensors import transformed
 
 __all__ = ["written_twice", "shares_memory", "overlaps_itself"]
 

@@ -21,7 +21,8 @@ from typing import ClassVar
 import torch
 
 from ..errors import real
-from .scaling import _check_dim, _set, check_base
+from .scaling.uniform import _check_dim, _set
+from .scaling import check_base
 
 __all__ = ["Proportional"]
 

@@ -21,7 +21,7 @@ import os
 import torch
 
 from ..errors import Raw, assert_values, fail
-from ..errors_tensors import transformed as _transformed
+from ..errors.tensors import transformed as _transformed
 from ..kernels import IMPLS, cpu
 from .apply import apply_rope
 

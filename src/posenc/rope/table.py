@@ -6,7 +6,7 @@ decode step costs one metadata check and one kernel call, with no table work at 
 keeps tables behind the caller's back: without `table=` a call computes the rows its positions need.
 
 Rows are bit-identical to `Rope.cos_sin(position_ids)` at the same positions (torch's float32 cos/sin do
-not depend on where an element sits in a tensor; tests/test_kernels.py checks it).
+not depend on where an element sits in a tensor; tests/kernels/test_cpu.py checks it).
 
     >>> import torch, posenc
     >>> rope = posenc.Rope(head_dim=8)

@@ -4,7 +4,7 @@ Tables are returned per rotation pair, `[..., r/2]`, in float32, never cached in
 (so `model.to(torch.bfloat16)` cannot cast them).
 
 Precision (angle errors against the exact phase `p * inv_freq` of the same float32 frequencies, measured
-by tests/test_precision.py with mpmath at d = 128, theta = 1e4 and 5e5, 33 positions ending at each p):
+by tests/rope/test_tables_precision.py with mpmath at d = 128, theta = 1e4 and 5e5, 33 positions ending at each p):
 - `"float32"` (default): `angle = float32(p) * inv_freq`, rounded once to float32, then `cos`/`sin` in
   float32: exactly what transformers (and so the checkpoints) compute. The error is half an ulp of the
   angle, `<= |angle| * 2**-24` rad, so it grows with the position: measured max 1.9e-3 rad at p = 2**16,

@@ -13,7 +13,7 @@ from typing import Any, Callable
 
 import torch
 
-from ...kv_quant import kv_format
+from ...cache.quant.formats import kv_format
 from .common import Budget, Row, Subject, boundary_rules, fmt, max_diff, spread, top1_agree, within, worst
 
 __all__ = ["relativity", "prefill_decode", "batch_padding", "LOGIT_TOL", "logit_tol", "kv_tol", "reference",

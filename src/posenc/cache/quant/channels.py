@@ -1,0 +1,209 @@
+"""`ChannelStore`: pre-RoPE keys quantized per channel in blocks of `group` tokens (a `QuantStore` part).
+
+A token waits in a full-precision residual (at most `group - 1` per row, as KIVI keeps them: always a
+row's last filled slots, so `slot % group` indexes them without collision) until its block is full;
+then the block is encoded once. Every slot records its block id (-1: empty, `RESIDUAL`: not yet
+encoded); the blocks' statistics live in one pool per layer shared by all rows, so `copy` and `reorder`
+(forks) move codes and block ids and never re-quantize anything.
+
+No host sync on the append path: `check_slots` and `write` work on every row at once with shapes known
+on the host (a write of n entries fills at most `(n + b * (group - 1)) // group` blocks), the next free
+id stays on the device, and the pool always has room for every block appends can fill before the next
+edit. Ids no slot uses any more appear only at edits (`copy`, `reorder`; `grow` adds room): there the
+live ids are relabelled 0.. and the pool is sized again (a host sync, as edits may make).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from ..storage import reorder_buffer
+from ...errors import assert_values
+from .tokens import TokenStore, _as_codes, _bits, _codes, _regrow
+from .formats import Encoded, KVFormat, decode, encode
+
+__all__ = ["ChannelStore", "RESIDUAL"]
+
+RESIDUAL = -2  # block id of a slot still in the full-precision residual
+
+
+class ChannelStore:
+    """Per-channel blocks of `group` tokens, a block id per slot, a statistics pool, a full-precision residual.
+
+    Args:
+        fmt: a scaled format (int8, int4, fp8). shape: logical `(b, h, capacity, d)`. dtype: the residual's
+            and `read`'s dtype. device. group: tokens per block.
+    Attributes:
+        codes `[b, h, cap + 1, dc]`; block `[b, cap + 1]` int32 (-1: empty, `RESIDUAL`: in the residual);
+        scale/offset `[pool + 1, h, d]` float16 per block id (row `pool`: scratch); next_block: 0-d int64
+        tensor on the device, the first unused id; residual `[b, h, group + 1, d]`: slot s of a row at
+        `s % group` (index `group`: scratch).
+    """
+
+    def __init__(self, fmt: KVFormat, shape: tuple[int, int, int, int], dtype: torch.dtype, device: Any,
+                 group: int) -> None:
+        b, h, cap, d = shape
+        self.fmt, self.dtype, self.dim, self.group = fmt, dtype, d, group
+        self.codes = _codes(fmt, b, h, cap + 1, d, device)
+        self.block = torch.full((b, cap + 1), -1, dtype=torch.int32, device=device)
+        pool = b * (cap // group + 1)  # every block the rows can fill, and more
+        stat = [torch.zeros(pool + 1, h, d, dtype=torch.float16, device=device) for _ in range(fmt.stats)]
+        self.scale, self.offset = (stat + [None, None])[:2]
+        self.next_block = torch.zeros((), dtype=torch.long, device=device)
+        self.residual = torch.zeros(b, h, group + 1, d, dtype=dtype, device=device)
+
+    capacity = TokenStore.capacity
+    shape = TokenStore.shape
+    device = TokenStore.device
+    check = TokenStore.check
+    _slot = TokenStore._slot
+
+    @property
+    def pool(self) -> int:
+        """Block ids the statistics pool holds (its scratch row not counted)."""
+        return self.scale.shape[0] - 1
+
+    @property
+    def nbytes(self) -> int:
+        """Codes and block ids of the `capacity` slots, statistics of the blocks in use (a host sync; not the
+        fixed residual)."""
+        cap = self.capacity
+        used = int(torch.unique(self.block[:, :cap][self.block[:, :cap] >= 0]).numel())
+        stats = sum(used * t[0].nbytes for t in (self.scale, self.offset) if t is not None)
+        return self.codes.nbytes // (cap + 1) * cap + self.block.shape[0] * cap * 4 + stats
+
+    def _fill(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """`[b]` filled slots and residual tokens per row (on the device)."""
+        ids = self.block[:, :self.capacity]  # [b, cap]
+        return (ids != -1).sum(1), (ids == RESIDUAL).sum(1)
+
+    def check_slots(self, rows: torch.Tensor, slots: torch.Tensor, arg: str = "slots") -> None:
+        """Refuse a write that is not each row's next slots in order, below the capacity (blocks fill front to
+        back). On the device (`errors.assert_values`): no host sync when the slots are right."""
+        b, cap, n = self.codes.shape[0], self.capacity, slots.shape[0]
+        real = slots >= 0  # [n]
+        key = torch.where(real, rows, b)  # [n]: padding sorts last
+        order = torch.sort(key, stable=True).indices  # [n]
+        ranked = key[order]
+        before = torch.arange(n, device=slots.device) - torch.searchsorted(ranked, ranked)  # [n] earlier same-row
+        rank = torch.empty_like(order).index_put_((order,), before)  # [n]: entries of its row before it
+        length = self._fill()[0]
+        inside = (rows >= 0) & (rows < b)
+        want = length[rows.clamp(0, b - 1)] + rank  # [n]
+        ok = (~real | (inside & (slots == want) & (slots < cap))).all()
+
+        def explain() -> tuple[str, Any]:
+            r = int(rows[(real & ~(inside & (slots == want) & (slots < cap))).nonzero()[0, 0]])
+            start = int(length[r]) if 0 <= r < b else 0
+            return (f"row {r}'s next slots in order, from {start}, below capacity {cap} (a per-channel quantized "
+                    "store appends; each slot is written once)", slots[(rows == r) & real])
+
+        assert_values(arg, ok, "each row's next slots in order, below the capacity (a per-channel quantized "
+                      "store appends)", explain=explain)
+
+    def write(self, rows: torch.Tensor, slots: torch.Tensor, x: torch.Tensor) -> None:
+        """Append `x [n, h, d]` to each row's residual; encode every block that fills. Call `check` and
+        `check_slots` first (entries in slot order per row). No host sync: every row at once, the blocks
+        staged in a buffer of a size known on the host, committed where they fill."""
+        g, cap, b, dev = self.group, self.capacity, self.codes.shape[0], self.codes.device
+        n, h, d = x.shape
+        length, held = self._fill()  # [b]
+        start = length - held  # [b] first residual slot of each row
+        real = slots >= 0  # [n]
+        count = torch.zeros(b, dtype=torch.long, device=dev).index_add_(0, rows, real.long())  # [b] new tokens
+        full = (held + count) // g  # [b] blocks that fill
+        base = full.cumsum(0) - full  # [b] the row's first staged block
+        nb = (n + b * (g - 1)) // g  # at most this many fill in all; staged block nb: scratch
+        q = (slots - start[rows]).clamp(min=0)  # [n] place in the row's run of residual + new tokens
+        into = real & (q // g < full[rows])  # [n] the entry lands in a block that fills
+        k_new, o_new = torch.where(into, base[rows] + q // g, nb), q % g  # [n] staged block, offset
+        off = torch.arange(g, device=dev).expand(b, g)  # [b, g]
+        done = (off < held[:, None]) & (full[:, None] > 0)  # [b, g] residual tokens whose block fills
+        k_old, s_old = torch.where(done, base[:, None], nb), start[:, None] + off  # [b, g]
+        res = self.residual.transpose(1, 2)  # [b, g + 1, h, d]
+        stage = torch.zeros(nb + 1, g, h, d, dtype=self.dtype, device=dev)
+        stage.index_put_((k_old, off), res[torch.arange(b, device=dev)[:, None], s_old % g])  # [b, g, h, d]
+        stage.index_put_((k_new, o_new), x.to(self.dtype))  # [n, h, d]
+        enc = encode(stage.transpose(1, 2), self.fmt, "channel")  # codes [nb + 1, h, g, dc], stats [nb + 1, h, 1, d]
+        total = full.sum()
+        torch._assert_async(self.next_block + total <= self.pool, "ChannelStore: the statistics pool is full")
+        ids = self.next_block + torch.arange(nb + 1, device=dev)  # [nb + 1]
+        at = torch.where(torch.arange(nb + 1, device=dev) < total, ids, self.pool)  # unused: the scratch row
+        for pool, stat in ((self.scale, enc.scale), (self.offset, enc.offset)):
+            if pool is not None:
+                pool.index_put_((at,), stat[:, :, 0])  # [nb + 1, h, d]
+        staged = _bits(enc.codes).transpose(1, 2)  # [nb + 1, g, h, dc]
+        codes = self.codes.transpose(1, 2)  # [b, cap + 1, h, dc]
+        new_at = (rows, self._slot(slots))
+        codes.index_put_(new_at, staged[k_new, o_new].masked_fill(~into[:, None, None], 0))  # [n, h, dc]
+        self.block.index_put_(new_at, torch.where(into, self.next_block + k_new, RESIDUAL).to(torch.int32))
+        res.index_put_((rows, torch.where(real & ~into, slots % g, g)), x.to(self.dtype))  # the rest waits
+        old_at = (torch.arange(b, device=dev)[:, None].expand(b, g), torch.where(done, s_old, cap))  # [b, g]
+        codes.index_put_(old_at, staged[k_old, off].masked_fill(~done[..., None, None], 0))  # [b, g, h, dc]
+        self.block.index_put_(old_at, torch.where(done, self.next_block + k_old, -1).to(torch.int32))
+        self.next_block += total
+
+    def _reclaim(self) -> None:
+        """Relabel the live block ids 0.. (statistics move with them) and size the pool for the live ids plus
+        every block the rows can fill by appending up to the capacity (host sync: edits only)."""
+        cap, g = self.capacity, self.group
+        self.block[:, cap] = -1  # the scratch column holds nothing
+        used = self.block >= 0  # [b, cap + 1]
+        live, inverse = torch.unique(self.block[used].long(), return_inverse=True)
+        length, held = self._fill()
+        need = live.numel() + int(((held + cap - length) // g).sum())
+        have = self.pool
+        size = have if need <= have else max(need, 2 * have)
+        for name in ("scale", "offset"):
+            t = getattr(self, name)
+            if t is not None:
+                out = t if size == have else t.new_zeros(size + 1, *t.shape[1:])  # [size + 1, h, d]
+                out[:live.numel()] = t[live]  # same statistics under new ids (a gather: copied first)
+                setattr(self, name, out)
+        self.block[used] = inverse.to(torch.int32)
+        self.next_block.fill_(live.numel())
+
+    def read(self, width: int | None = None) -> torch.Tensor:
+        """`[b, h, width, d]` decoded values: blocks through their statistics, the residual as stored, empty
+        slots zero (no host sync)."""
+        w = self.capacity if width is None else width
+        ids = self.block[:, :w]  # [b, w]
+        index = ids.clamp(min=0).long()
+        scale, offset = (None if t is None else t[index].transpose(1, 2) for t in (self.scale, self.offset))
+        codes = _as_codes(self.fmt, self.codes[:, :, :w])
+        out = decode(Encoded(codes, scale, offset, self.fmt.name, "channel"), self.dtype)  # [b, h, w, d]
+        held = self.residual[:, :, torch.arange(w, device=ids.device) % self.group]  # [b, h, w, d]
+        out = torch.where((ids == RESIDUAL)[:, None, :, None], held, out)
+        return out.masked_fill((ids == -1)[:, None, :, None], 0)
+
+    def copy(self, src_rows: torch.Tensor, src_slots: torch.Tensor, dst_rows: torch.Tensor,
+             dst_slots: torch.Tensor) -> None:
+        """`KVStore.copy_slots`: codes, block ids and residual entries move; nothing is re-encoded. Then the
+        ids no slot holds are reclaimed (`_reclaim`, one host sync: an edit)."""
+        clear = src_slots < 0  # [n]
+        src, dst = (src_rows, self._slot(src_slots)), (dst_rows, self._slot(dst_slots))
+        codes = self.codes.transpose(1, 2)  # [b, cap+1, h, dc]
+        moved = codes[src].masked_fill(clear[:, None, None], 0)  # [n, h, dc]: all sources read first
+        ids = self.block[src].masked_fill(clear, -1)  # [n]
+        held = self.residual.transpose(1, 2)  # [b, g+1, h, d]
+        kept = held[src_rows, src_slots.clamp(min=0) % self.group]  # [n, h, d]
+        into = torch.where((ids == RESIDUAL) & (dst_slots >= 0), dst_slots % self.group, self.group)  # [n]
+        codes.index_put_(dst, moved)
+        self.block.index_put_(dst, ids)
+        held.index_put_((dst_rows, into), kept)
+        self._reclaim()
+
+    def reorder(self, index: torch.Tensor) -> None:
+        """Rows become the old rows `index`; forked rows share block ids (the pool is the layer's, sized again
+        for the new rows: `_reclaim`, a host sync)."""
+        for name in ("codes", "block", "residual"):
+            setattr(self, name, reorder_buffer(getattr(self, name), index))
+        self._reclaim()
+
+    def grow(self, capacity: int) -> None:
+        old = self.capacity
+        self.codes = _regrow(self.codes, old, capacity)
+        self.block = _regrow(self.block, old, capacity, -1)
+        self._reclaim()  # room for the blocks the new slots can fill

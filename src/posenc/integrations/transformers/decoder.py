@@ -1,0 +1,141 @@
+"""The pieces of a patched transformers decoder: the positions its rotary module returns, posenc's rotation,
+and the decoder forward that applies a cache policy for a length-dependent rule (see `policy.py`).
+"""
+
+from __future__ import annotations
+
+import contextvars
+import inspect
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+
+from ...errors import Raw, fail
+from ...rope.spec import Rope
+from .policy import Record, decide, rerotate_cache
+
+__all__ = ["Options", "Positions", "positions_forward", "rotate", "with_policy"]
+
+
+@dataclass(frozen=True)
+class Options:
+    """What `patch` was asked for (a second `patch` compares them)."""
+
+    policy: str = "recompute"
+    impl: str | None = None
+    precision: str = "float32"
+    mrope_positions: str = "posenc"
+
+
+class Positions:
+    """A forward's position ids (`[b, t]`, `[1, t]` or `[3, b, t]`) and the length whose table rotates them
+    (None: `max + 1`), travelling where transformers passes (cos, sin)."""
+
+    __slots__ = ("position_ids", "seq_len")
+
+    def __init__(self, position_ids: torch.Tensor, seq_len: int | None) -> None:
+        self.position_ids, self.seq_len = position_ids, seq_len
+
+
+def positions_forward(table: contextvars.ContextVar) -> Callable:
+    """The rotary module's forward under a patch: `Positions` twice, where transformers returns (cos, sin)."""
+
+    def forward(x: torch.Tensor, position_ids: torch.Tensor, *args: Any, **kwargs: Any) -> tuple:
+        marker = Positions(position_ids, table.get())
+        return marker, marker
+
+    return forward
+
+
+def rotate(rope: Rope, q: torch.Tensor, k: torch.Tensor, position_ids: torch.Tensor, options: Options,
+           seq_len: int | None = None, float32: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """q and k rotated at `position_ids` by posenc, rounding as transformers does.
+
+    float32/float64 models: posenc's default (float32, float64 for float64 input) is what transformers computes.
+    bf16/fp16: transformers rounds the tables and each product to the model's dtype, so this does too
+    (`compute_dtype=q.dtype`) unless an `impl` is named. `float32`: the family casts q and k to float32 before
+    multiplying by tables of the model's dtype (Cohere): a float64 model rotates float32-rounded q and k in
+    float64, reproduced here; in bf16/fp16 its tables are rounded to bf16 while the products are float32,
+    which posenc does not reproduce (its float32 tables are not rounded).
+    """
+    compute = q.dtype if q.dtype in (torch.bfloat16, torch.float16) and options.impl is None else None
+    if float32:
+        compute = None
+        if q.dtype == torch.float64:
+            q, k = q.float().double(), k.float().double()
+    return rope.apply(q, k, position_ids, seq_len=seq_len, precision=options.precision, impl=options.impl,
+                      compute_dtype=compute)
+
+
+def with_policy(decoder: Any, dependent: dict[int, Rope], options: Options, table: contextvars.ContextVar) -> Callable:
+    """The decoder's forward, applying `options.policy` to its cache (layers `dependent` use a length-dependent rule)."""
+    original = type(decoder).forward
+    signature = inspect.signature(original)
+    cache_name = "cache" if "cache" in signature.parameters else "past_key_values"
+    var_kw = next((p.name for p in signature.parameters.values() if p.kind is p.VAR_KEYWORD), None)
+    rope = next(iter(dependent.values()))
+
+    def forward(*args: Any, **kwargs: Any) -> Any:
+        bound = signature.bind(decoder, *args, **kwargs)
+        call = {k: v for k, v in bound.arguments.items() if k not in ("self", var_kw)}
+        call.update(bound.arguments.get(var_kw, {}) if var_kw else {})
+        if "past_key_values" in call and cache_name == "cache":  # the deprecated name
+            call.setdefault("cache", call.pop("past_key_values"))
+        cache = call.get(cache_name)
+        use_cache = call.get("use_cache")
+        if cache is None and (use_cache if use_cache is not None else getattr(decoder.config, "use_cache", False)):
+            from transformers import DynamicCache
+
+            cache = call[cache_name] = DynamicCache(config=decoder.config)  # what the decoder would make
+        if cache is None:
+            return original(decoder, **call)
+        return _cached_forward(decoder, original, call, cache, cache_name, dependent, rope, options, table)
+
+    return forward
+
+
+def _cached_forward(decoder: Any, original: Callable, call: dict[str, Any], cache: Any, cache_name: str,
+                    dependent: dict[int, Rope], rope: Rope, options: Options, table: contextvars.ContextVar) -> Any:
+    record = Record.of(cache)
+    cached = cache.get_seq_length()
+    if cached == 0:
+        record.clear()
+    elif record.length != cached:
+        fail(cache_name, f"a cache this patched model wrote ({record.length} tokens recorded)",
+             Raw(f"{type(cache).__name__} holding {cached} tokens"))
+    embeds = call.get("inputs_embeds")
+    if embeds is None:
+        embeds = decoder.embed_tokens(call["input_ids"])  # [b, t, hidden]
+    b, t = embeds.shape[:2]
+    positions = call.get("position_ids")
+    if positions is None:  # as the decoder derives them
+        positions = torch.arange(cached, cached + t, device=embeds.device)[None]
+    positions = positions.expand(*positions.shape[:-2], b, t) if positions.shape[-2] == 1 else positions
+    if record.positions is not None and record.positions.shape[:-1] != positions.shape[:-1]:
+        fail("position_ids", f"positions shaped like the cached ones {tuple(record.positions.shape[:-1])} + (t,)",
+             positions)
+    call.update(input_ids=None, inputs_embeds=embeds, position_ids=positions)
+    length, rerun = decide(rope, record, positions, options.policy)
+    if options.policy == "rerotate" and record.length and length != record.table_len:
+        rerotate_cache(cache, dependent, record, record.table_len, length)
+    keep = embeds if options.policy == "recompute" else None
+    if rerun:  # the cached tokens run again under the new table: a fresh full forward over every token
+        mask = call.get("attention_mask")
+        if mask is not None and not (isinstance(mask, torch.Tensor) and mask.ndim == 2 and mask.shape[-1] == cached + t):
+            fail("attention_mask", f"None or a [b, {cached + t}] 0/1 mask over the cached and new tokens "
+                 "(policy='recompute' runs them again)", mask)
+        positions, keep = torch.cat((record.positions, positions), -1), torch.cat((record.embeds, embeds), 1)
+        cache.reset()  # the record follows
+        call.update(inputs_embeds=keep, position_ids=positions)
+    token = table.set(length)
+    try:
+        out = original(decoder, **call)
+    finally:
+        table.reset(token)
+    record.append(positions, keep, length)
+    if rerun:
+        out.last_hidden_state = out.last_hidden_state[:, -t:]
+        if getattr(out, "hidden_states", None) is not None:
+            out.hidden_states = tuple(h[:, -t:] for h in out.hidden_states)
+    return out

@@ -1,0 +1,252 @@
+"""posenc inside a transformers model: one call makes its positions exact under its cache, and fast.
+
+    >>> import torch, transformers
+    >>> cfg = transformers.LlamaConfig(vocab_size=32, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+    ...                                num_attention_heads=2)
+    >>> model, ids = transformers.LlamaForCausalLM(cfg).eval(), torch.tensor([[1, 2, 3]])
+    >>> stock = model(ids).logits
+    >>> torch.equal(patch(model)(ids).logits, stock)          # posenc rotates; the result is transformers'
+    True
+    >>> unpatch(model) is model
+    True
+
+`patch` changes one model instance, never transformers' modules: each attention layer gets its own
+`forward` (transformers' code, run with posenc's rotation in place of its module's `apply_rotary_pos_emb`),
+the rotary module's `forward` returns the positions instead of (cos, sin) tables, and the few generation
+hooks that fight a cache policy are replaced on the instance (Phi-3's cache drop at the LongRoPE switch,
+the Qwen2-VL and Qwen3-VL families' `get_rope_index`). The RoPE of every layer comes from
+`posenc.hf.layer_ropes(model.config)`; see `policy.py` for what each cache policy does with a length-dependent rule.
+
+Everything `patch` needs is checked before it changes anything: a model it cannot patch raises
+`PosencError` naming the model type and what is missing, and is left as it was.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import dataclasses
+import types
+from typing import Any, Callable
+
+import torch
+
+from ...errors import Raw, choice, fail
+from ...kernels import IMPLS
+from ...rope.spec import Rope
+from .decoder import Options, Positions, positions_forward, rotate, with_policy
+from .generation import generation_fixes, innermost
+
+__all__ = ["patch", "unpatch", "is_patched", "POLICIES", "SUPPORTED_MODEL_TYPES"]
+
+POLICIES = ("recompute", "rerotate", "freeze", "refuse")
+ROTATION = "apply_rotary_pos_emb"  # the module-level function each supported attention forward calls
+PATCH_ATTR = "_posenc_patch"
+_MISSING = object()
+# Model types whose attention forward is `q, k = apply_rotary_pos_emb(q, k, cos, sin)` (q/k of the head or
+# of its rotary slice) followed by `cache.update(keys, values, layer_idx)`, in transformers 5.x.
+SUPPORTED_MODEL_TYPES = (
+    "llama", "olmo", "olmo2", "olmo3", "starcoder2", "granite", "mistral", "ministral", "mixtral", "qwen2",
+    "qwen2_moe", "qwen3", "qwen3_moe", "gemma", "gemma2", "gemma3", "gemma3_text", "smollm3", "exaone4",
+    "cohere", "cohere2", "glm", "glm4", "phi", "phi3", "stablelm", "persimmon", "gpt_neox", "gpt_oss",
+    "qwen2_vl", "qwen2_vl_text", "qwen2_5_vl", "qwen2_5_vl_text", "qwen3_vl", "qwen3_vl_text", "qwen3_vl_moe",
+    "qwen3_vl_moe_text", "qwen3_5", "qwen3_5_text", "qwen3_5_moe", "qwen3_5_moe_text",
+)
+FLOAT32_ROTATION = ("cohere", "cohere2")  # their apply_rotary_pos_emb casts q and k to float32 for any dtype
+
+
+@dataclasses.dataclass
+class _Patched:
+    """What `patch` changed on one model, so `unpatch` can put it back."""
+
+    options: Options
+    restore: list[tuple[Any, str, Any]]  # (object, attribute, its own value before the patch or _MISSING)
+
+
+def is_patched(model: Any) -> bool:
+    """Whether `patch` is in effect on `model`."""
+    return isinstance(getattr(model, PATCH_ATTR, None), _Patched)
+
+
+def patch(model: Any, *, policy: str = "recompute", impl: str | None = None, precision: str | None = None,
+          mrope_positions: str = "posenc") -> Any:
+    """Put posenc's rotation and cache policy into one transformers model instance; returns the model.
+
+    Args:
+        model: a transformers model (`*ForCausalLM`, `*Model`, the VL families' `*ForConditionalGeneration`)
+            of a type in `SUPPORTED_MODEL_TYPES`.
+        policy: what a cache does when a length-dependent rule (dynamic NTK, LongRoPE) changes the table:
+            "recompute" (every cached step equals a fresh full forward), "rerotate", "freeze" or "refuse".
+        impl: posenc's rotation implementation (None: the fastest available, bit-identical to transformers'
+            rotation in float32 and float64; see `Rope.apply`).
+        precision: "float32" (default, as transformers) or "exact" (float64 phases for long positions).
+        mrope_positions: Qwen2-VL / Qwen3-VL families: "posenc" (positions of `posenc.mrope_position_ids`,
+            the official rule; `timestamps=True` for Qwen3-VL, Qwen3.5 and their MoE) or "transformers"
+            (keep the model's own `get_rope_index`).
+    Returns:
+        `model`, patched. A second `patch` with the same options does nothing; with other options it raises.
+    Raises:
+        PosencError: bad options; a model type or layout it cannot patch (nothing is changed then).
+    """
+    options = _options(policy, impl, precision, mrope_positions)
+    current = getattr(model, PATCH_ATTR, None)
+    if isinstance(current, _Patched):
+        if current.options == options:
+            return model
+        fail("model", f"an unpatched model for these options (unpatch(model) first; it is patched with "
+             f"{dataclasses.asdict(current.options)})", Raw(str(dataclasses.asdict(options))))
+    changes = _survey(model, options)  # every check; nothing changed yet
+    restore = []
+    for obj, attr, value in changes:
+        restore.append((obj, attr, obj.__dict__.get(attr, _MISSING)))
+        setattr(obj, attr, value)
+    setattr(model, PATCH_ATTR, _Patched(options, restore))
+    return model
+
+
+def unpatch(model: Any) -> Any:
+    """Undo `patch` on `model`; returns it. Raises `PosencError` if it is not patched."""
+    state = getattr(model, PATCH_ATTR, None)
+    if not isinstance(state, _Patched):
+        fail("model", "a model patched by posenc.integrations.transformers.patch", type(model))
+    for obj, attr, old in reversed(state.restore):
+        if old is _MISSING:
+            obj.__dict__.pop(attr, None)
+        else:
+            setattr(obj, attr, old)
+    delattr(model, PATCH_ATTR)
+    return model
+
+
+def _options(policy: Any, impl: Any, precision: Any, mrope_positions: Any) -> Options:
+    choice("policy", policy, POLICIES)
+    if impl is not None:
+        choice("impl", impl, IMPLS)
+    precision = "float32" if precision is None else choice("precision", precision, ("float32", "exact"))
+    choice("mrope_positions", mrope_positions, ("posenc", "transformers"))
+    return Options(policy, impl, precision, mrope_positions)
+
+
+# ---------------------------------------------------------------------------------------------- the survey
+def _survey(model: Any, options: Options) -> list[tuple[Any, str, Any]]:
+    """`[(object, attribute, new value)]` that patch `model`; raises before anything changes."""
+    import torch.nn as nn
+
+    from ...hf import layer_ropes
+
+    config = getattr(model, "config", None)
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    model_type = getattr(text, "model_type", None) or getattr(config, "model_type", None)
+    if not isinstance(model, nn.Module) or model_type is None:
+        fail("model", "a transformers model (an nn.Module with a config)", type(model))
+    what = f"model type {model_type!r}"
+    if model_type not in SUPPORTED_MODEL_TYPES:
+        fail("model", f"a model type whose attention posenc can patch {list(SUPPORTED_MODEL_TYPES)}", Raw(what))
+    decoders = [m for m in model.modules() if isinstance(getattr(m, "rotary_emb", None), nn.Module)
+                and isinstance(getattr(m, "layers", None), nn.ModuleList)]
+    if len(decoders) != 1:
+        fail("model", "one decoder module holding `rotary_emb` and `layers` (transformers 5.x layout)",
+             Raw(f"{what} with {len(decoders)} such modules"))
+    decoder = decoders[0]
+    try:
+        ropes = layer_ropes(config)
+    except ValueError as e:
+        fail("model", "a config posenc.hf reads (posenc.hf.layer_ropes)", Raw(f"{what}: {e}"))
+    if len(ropes) != len(decoder.layers):
+        fail("model", f"{len(ropes)} decoder layers (config num_hidden_layers)", Raw(f"{what} with {len(decoder.layers)}"))
+    if options.policy == "rerotate" and any(r is not None and r.mrope_section and r.scaling.depends_on_length
+                                            for r in ropes):
+        fail("policy", "'recompute', 'freeze' or 'refuse' for multi-axis RoPE with a length-dependent rule "
+             "(posenc.rerotate takes [b, t] positions)", "rerotate")
+    changes: list[tuple[Any, str, Any]] = []
+    for index, layer in enumerate(decoder.layers):
+        attn = _attention_of(layer, what, index, ropes[index] is None)
+        if attn is None:  # a layer without positions and without a rotating module (Qwen3.5's linear attention)
+            continue
+        if getattr(attn, "layer_idx", index) != index:
+            fail("model", f"attention layer_idx {index} in decoder layer {index}", Raw(f"{what}: {attn.layer_idx}"))
+        if "forward" in attn.__dict__:
+            fail("model", "attention modules without an instance-level forward (accelerate hooks or another "
+                 "patch put one there)", Raw(f"{what}, layer {index}"))
+        forward = _with_rotation(type(attn).forward, _rotation(ropes[index], options, what, index, model_type in FLOAT32_ROTATION), what)
+        changes.append((attn, "forward", types.MethodType(forward, attn)))
+    if "forward" in decoder.rotary_emb.__dict__ or "forward" in decoder.__dict__:
+        fail("model", "a decoder and rotary module without an instance-level forward", Raw(what))
+    table = contextvars.ContextVar("posenc_table_len", default=None)  # this model's, set by its decoder forward
+    changes.append((decoder.rotary_emb, "forward", positions_forward(table)))
+    dependent = {i: r for i, r in enumerate(ropes) if r is not None and r.scaling.depends_on_length}
+    if dependent:
+        scalings = {r.scaling for r in dependent.values()}
+        if len(scalings) != 1:  # one table decision per forward
+            fail("model", "one length-dependent rule shared by the layers that use one", Raw(f"{what}: {scalings}"))
+        changes.append((decoder, "forward", with_policy(decoder, dependent, options, table)))
+    changes += generation_fixes(model, options, what)
+    return changes
+
+
+def _attention_of(layer: Any, what: str, index: int, positionless: bool) -> Any:
+    """The one submodule of a decoder layer whose forward calls `apply_rotary_pos_emb` (None: none there in a
+    layer `posenc.hf.layer_ropes` gives no RoPE, such as a linear-attention layer)."""
+    found = [m for m in layer.modules() if ROTATION in innermost(type(m).forward).__code__.co_names]
+    if not found and positionless:
+        return None
+    if len(found) != 1:
+        fail("model", f"one attention module calling {ROTATION} in each decoder layer",
+             Raw(f"{what}, layer {index}: {len(found)}"))
+    return found[0]
+
+
+def _with_rotation(fn: Callable, rotation: Callable, what: str) -> Callable:
+    """`fn` (and each decorator around it) rebuilt so that its `apply_rotary_pos_emb` is `rotation`."""
+    inner = getattr(fn, "__wrapped__", None)
+    if inner is None:
+        if ROTATION not in fn.__globals__:
+            fail("model", f"an attention module whose module defines {ROTATION}", Raw(what))
+        scope = dict(fn.__globals__)  # a copy: transformers' module keeps its own function
+        scope[ROTATION] = rotation
+        new = types.FunctionType(fn.__code__, scope, fn.__name__, fn.__defaults__, fn.__closure__)
+    else:
+        new_inner = _with_rotation(inner, rotation, what)
+        cells = fn.__closure__ or ()
+        held = [i for i, c in enumerate(cells) if _content(c) is inner]
+        if len(held) != 1:
+            fail("model", "attention forwards whose decorators keep the function they wrap in a closure",
+                 Raw(f"{what}: {getattr(fn, '__qualname__', fn)}"))
+        cells = tuple(types.CellType(new_inner) if i == held[0] else c for i, c in enumerate(cells))
+        new = types.FunctionType(fn.__code__, fn.__globals__, fn.__name__, fn.__defaults__, cells)
+        new.__wrapped__ = new_inner
+    new.__kwdefaults__ = fn.__kwdefaults__
+    new.__qualname__, new.__doc__ = fn.__qualname__, fn.__doc__
+    return new
+
+
+def _content(cell: Any) -> Any:
+    try:
+        return cell.cell_contents
+    except ValueError:  # an empty cell
+        return None
+
+
+def _rotation(rope: Rope | None, options: Options, what: str, index: int, float32: bool) -> Callable:
+    """posenc's `apply_rotary_pos_emb(q, k, cos, sin)` for one layer; `cos` carries the positions."""
+    narrow = None if rope is None or rope.rotary_dim == rope.head_dim else dataclasses.replace(rope, head_dim=rope.rotary_dim)
+
+    def apply_rotary_pos_emb(q: torch.Tensor, k: torch.Tensor, cos: Any, sin: Any = None, *args: Any, **kwargs: Any):
+        if rope is None:
+            fail("model", f"no rotation in layer {index} (posenc.hf.layer_ropes: this layer applies no RoPE)",
+                 Raw(f"{what}, whose attention rotates there"))
+        width = q.shape[-1]
+        if width != rope.head_dim and (narrow is None or width != narrow.head_dim):
+            fail("q", f"last dim {rope.head_dim} or rotary_dim {rope.rotary_dim} (layer {index})", q)
+        use = rope if width == rope.head_dim else narrow
+        if not isinstance(cos, Positions):
+            fail("position_embeddings", "the positions posenc's patched rotary module returns", type(cos))
+        return rotate(use, q, k, _axes(rope, cos.position_ids), options, cos.seq_len, float32)
+
+    return apply_rotary_pos_emb
+
+
+def _axes(rope: Rope, position_ids: torch.Tensor) -> torch.Tensor:
+    """M-RoPE takes `[3, b, t]`: text-only `[b, t]` positions are the same on every axis (as transformers)."""
+    if rope.mrope_section is not None and position_ids.ndim == 2:
+        return position_ids.unsqueeze(0).expand(3, -1, -1)
+    return position_ids
