@@ -43,8 +43,14 @@ def _check_heads(num_heads: Any, rank: Any, world_size: Any) -> None:
     integer("rank", rank, min=0, max=world_size - 1, what=f"an integer in [0, world_size={world_size})")
 
 
-def alibi_head_slice(num_heads: int, rank: int = 0, world_size: int = 1) -> slice:
-    """The global heads a tensor-parallel rank holds: `slice(rank * H / W, (rank + 1) * H / W)`.
+def alibi_head_slice(num_heads: int, world_size: int = 1, rank: int = 0) -> slice:
+    """The global heads a tensor- or sequence-parallel rank holds: `slice(rank * H / W, (rank + 1) * H / W)`.
+
+    The group size comes before the rank, as everywhere in posenc (`shard_positions(seq_len, cp_size, cp_rank)`);
+    `posenc.distributed.head_slice` is this function.
+
+        >>> alibi_head_slice(12, 4, 2)
+        slice(6, 9, None)
 
     Raises:
         PosencError: non-positive heads or world size, a world size that does not divide the heads, a bad rank.
@@ -65,7 +71,7 @@ def alibi_slopes(num_heads: int, *, rank: int = 0, world_size: int = 1) -> torch
     Raises:
         PosencError: zero or negative heads, a world size that does not divide H, a bad rank.
     """
-    heads = alibi_head_slice(num_heads, rank, world_size)
+    heads = alibi_head_slice(num_heads, world_size, rank)
     num_heads = int(num_heads)
     n = 2 ** int(math.floor(math.log2(num_heads)))
     # BLOOM's arithmetic (float32 base raised to integer powers), so the slopes equal transformers' BLOOM

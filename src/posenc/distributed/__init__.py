@@ -14,12 +14,12 @@ positions (`shard_positions`, `shard_varlen`), encodings and biases computed fro
 
 from .collectives import all_gather_seq, all_reduce_grads, heads_to_seq, ring_shift, seq_to_heads
 from .encodings import HeadSlice, encode_shard, shard_cos_sin
-from .layouts import LAYOUTS, VarlenShard, head_slice, shard, shard_positions, shard_varlen, unshard, unshard_index
+from .layouts import SHARD_LAYOUTS, VarlenShard, head_slice, shard, shard_positions, shard_varlen, unshard, unshard_index
 from .ring import ring_attention
 from .ulysses import ulysses_attention
 
 __all__ = [
-    "LAYOUTS",
+    "SHARD_LAYOUTS",
     "shard_positions",
     "shard",
     "unshard",

@@ -25,19 +25,19 @@ from typing import Any, NamedTuple, Sequence
 
 import torch
 
-from ..bias.alibi import alibi_head_slice
+from ..bias.alibi import alibi_head_slice as head_slice  # one function, one argument order
 from ..errors import Raw, choice, fail, integer
 
-__all__ = ["LAYOUTS", "shard_positions", "shard", "unshard_index", "unshard", "VarlenShard", "shard_varlen",
+__all__ = ["SHARD_LAYOUTS", "shard_positions", "shard", "unshard_index", "unshard", "VarlenShard", "shard_varlen",
            "head_slice"]
 
-LAYOUTS = ("zigzag", "contiguous")
+SHARD_LAYOUTS = ("zigzag", "contiguous")
 
 
 def _check_grid(cp_size: Any, cp_rank: Any, layout: Any) -> None:
     cp_size = integer("cp_size", cp_size, min=1)
     integer("cp_rank", cp_rank, min=0, max=cp_size - 1, what=f"an integer in [0, cp_size={cp_size})")
-    choice("layout", layout, LAYOUTS)
+    choice("layout", layout, SHARD_LAYOUTS)
 
 
 def _chunks(seq_len: Any, cp_size: int, layout: str, arg: str = "seq_len") -> int:
@@ -180,14 +180,3 @@ def shard_positions_of_document(length: int, cp_size: int, cp_rank: int, layout:
     """`shard_positions` for one packed document, naming the document in the error."""
     _chunks(length, cp_size, layout, arg=f"cu_seqlens (document {doc} of length {length})")
     return shard_positions(length, cp_size, cp_rank, layout)
-
-
-def head_slice(num_heads: int, world_size: int, rank: int) -> slice:
-    """The heads a Ulysses (or tensor-parallel) rank owns after the all-to-all: `[r H/W, (r+1) H/W)`.
-
-    Args:
-        num_heads: total heads H; world_size: the sequence-parallel group size W; rank: this rank.
-    Raises:
-        PosencError: heads not divisible by `world_size`, or a bad rank.
-    """
-    return alibi_head_slice(num_heads, rank, world_size)

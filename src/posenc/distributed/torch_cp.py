@@ -28,7 +28,7 @@ from ..attention import check_inputs, flex_score_mod
 from ..errors import fail
 from .collectives import all_gather_seq
 from .encodings import encode_shard
-from .layouts import LAYOUTS
+from .layouts import SHARD_LAYOUTS
 
 __all__ = ["load_balancer", "shard_buffers", "flex_cp_module", "flex_cp_attention"]
 
@@ -48,8 +48,8 @@ def load_balancer(layout: str, seq_len: int, mesh: Any) -> Any:
     Raises:
         PosencError: an unknown layout, or a zigzag length PyTorch would silently not balance (not 2W-divisible).
     """
-    if layout not in LAYOUTS:
-        fail("layout", f"one of {LAYOUTS}", layout)
+    if layout not in SHARD_LAYOUTS:
+        fail("layout", f"one of {SHARD_LAYOUTS}", layout)
     if layout == "contiguous":
         return None
     if seq_len % (2 * mesh.size()):
