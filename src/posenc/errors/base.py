@@ -31,7 +31,7 @@ class PosencError(ValueError):
         self.arg, self.expected, self.got = arg, expected, got
 
 
-PosencError.__module__ = "posenc.errors"  # its public home (re-exported there): tracebacks name it as before the split
+PosencError.__module__ = "posenc.errors"  # its public home: tracebacks and reprs say posenc.errors.PosencError
 
 
 class Raw(str):
