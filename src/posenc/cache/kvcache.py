@@ -285,13 +285,41 @@ class KVCache:
         self.write(layer, k, v, slots, cos, sin, index, rotated=rotated)
         return self.read(layer, key_tables, self.read_width)
 
-    # ---------------------------------------------------------------- tables, policies and edits (functions over the cache)
-    grow = edit.grow
-    table_changes = policies.table_changes
-    retable = policies.retable
-    clear = edit.clear
-    keep = edit.keep
-    rollback = edit.rollback
-    reorder = edit.reorder
-    keep_recent = edit.keep_recent
-    move = edit.move
+    # ---------------------------------------------------------------- tables and policies (policy.py)
+    def table_changes(self, seq_lens: torch.Tensor) -> torch.Tensor:
+        """`[b]` bool: filled rows whose table at `seq_lens [b]` differs from the one their keys use."""
+        return policies.table_changes(self, seq_lens)
+
+    def retable(self, seq_lens: torch.Tensor) -> torch.Tensor:
+        """Move each row to the table of `seq_lens [b]` under the cache's policy; `[b]` bool rows to re-run
+        ("recompute"). See `posenc.cache.policy.retable`."""
+        return policies.retable(self, seq_lens)
+
+    # ---------------------------------------------------------------- edits (edit.py)
+    def grow(self, capacity: int) -> None:
+        """Enlarge every row to `capacity` slots (reallocates: tensors taken before go stale)."""
+        edit.grow(self, capacity)
+
+    def clear(self, rows: torch.Tensor | None = None) -> None:
+        """Empty the given rows (`[b]` bool; default all)."""
+        edit.clear(self, rows)
+
+    def keep(self, keep: torch.Tensor) -> None:
+        """Keep the filled slots where `keep [b, capacity]` is True, compacted in order; drop the rest."""
+        edit.keep(self, keep)
+
+    def rollback(self, n: int | torch.Tensor) -> None:
+        """Drop the last `n` tokens of each row (`n` int or `[b]`), e.g. rejected speculative tokens."""
+        edit.rollback(self, n)
+
+    def reorder(self, index: torch.Tensor) -> None:
+        """Rows become `old_rows[index]` (beam search; repeats fork rows). See `posenc.cache.edit.reorder`."""
+        edit.reorder(self, index)
+
+    def keep_recent(self, window: int, sinks: int = 0, *, shift: bool = False) -> None:
+        """Keep the first `sinks` and last `window` tokens of each row (StreamingLLM); `shift` relabels them."""
+        edit.keep_recent(self, window, sinks, shift=shift)
+
+    def move(self, new_positions: torch.Tensor) -> None:
+        """Give filled slots new positions `[b, capacity]`, re-rotating rotated keys."""
+        edit.move(self, new_positions)
