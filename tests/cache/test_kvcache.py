@@ -10,7 +10,8 @@ import pytest
 import torch
 
 import posenc
-from posenc.cache import KVCache, rerotation_tables, row_tables
+from posenc.cache import KVCache
+from posenc.rope.rerotate import rerotation_tables, row_tables
 from posenc.rope.scaling import default_inv_freq
 from tests.helpers.tolerances import assert_close
 from tests.helpers.oracles import rotate_pairs

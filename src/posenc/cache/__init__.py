@@ -7,11 +7,10 @@
 - `checks.py`: validation of new tokens without a host sync, shared with the decoder's no-cache forward.
 """
 
-from ..rope.rerotate import rerotation_tables, row_tables
 from .checks import check_new_positions
 from .kvcache import INITIAL_CAPACITY, POLICIES, STORES, KVCache
 from .paged import BlockTable, PagedStore
 from .storage import ContiguousStore, KVStore
 
 __all__ = ["KVCache", "STORES", "POLICIES", "INITIAL_CAPACITY", "KVStore", "ContiguousStore", "PagedStore",
-           "BlockTable", "check_new_positions", "rerotation_tables", "row_tables"]
+           "BlockTable", "check_new_positions"]
