@@ -21,7 +21,7 @@ import torch
 
 from ..storage import reorder_buffer
 from ...errors import assert_values
-from .tokens import TokenStore, _as_codes, _bits, _codes, _regrow
+from .codes import CodeStore, as_codes, code_bits, code_buffer, regrow
 from .formats import Encoded, KVFormat, decode, encode
 
 __all__ = ["ChannelStore", "RESIDUAL"]
@@ -29,7 +29,7 @@ __all__ = ["ChannelStore", "RESIDUAL"]
 RESIDUAL = -2  # block id of a slot still in the full-precision residual
 
 
-class ChannelStore:
+class ChannelStore(CodeStore):
     """Per-channel blocks of `group` tokens, a block id per slot, a statistics pool, a full-precision residual.
 
     Args:
@@ -46,19 +46,13 @@ class ChannelStore:
                  group: int) -> None:
         b, h, cap, d = shape
         self.fmt, self.dtype, self.dim, self.group = fmt, dtype, d, group
-        self.codes = _codes(fmt, b, h, cap + 1, d, device)
+        self.codes = code_buffer(fmt, b, h, cap + 1, d, device)
         self.block = torch.full((b, cap + 1), -1, dtype=torch.int32, device=device)
         pool = b * (cap // group + 1)  # every block the rows can fill, and more
         stat = [torch.zeros(pool + 1, h, d, dtype=torch.float16, device=device) for _ in range(fmt.stats)]
         self.scale, self.offset = (stat + [None, None])[:2]
         self.next_block = torch.zeros((), dtype=torch.long, device=device)
         self.residual = torch.zeros(b, h, group + 1, d, dtype=dtype, device=device)
-
-    capacity = TokenStore.capacity
-    shape = TokenStore.shape
-    device = TokenStore.device
-    check = TokenStore.check
-    _slot = TokenStore._slot
 
     @property
     def pool(self) -> int:
@@ -134,9 +128,9 @@ class ChannelStore:
         for pool, stat in ((self.scale, enc.scale), (self.offset, enc.offset)):
             if pool is not None:
                 pool.index_put_((at,), stat[:, :, 0])  # [nb + 1, h, d]
-        staged = _bits(enc.codes).transpose(1, 2)  # [nb + 1, g, h, dc]
+        staged = code_bits(enc.codes).transpose(1, 2)  # [nb + 1, g, h, dc]
         codes = self.codes.transpose(1, 2)  # [b, cap + 1, h, dc]
-        new_at = (rows, self._slot(slots))
+        new_at = (rows, self.slot_index(slots))
         codes.index_put_(new_at, staged[k_new, o_new].masked_fill(~into[:, None, None], 0))  # [n, h, dc]
         self.block.index_put_(new_at, torch.where(into, self.next_block + k_new, RESIDUAL).to(torch.int32))
         res.index_put_((rows, torch.where(real & ~into, slots % g, g)), x.to(self.dtype))  # the rest waits
@@ -172,7 +166,7 @@ class ChannelStore:
         ids = self.block[:, :w]  # [b, w]
         index = ids.clamp(min=0).long()
         scale, offset = (None if t is None else t[index].transpose(1, 2) for t in (self.scale, self.offset))
-        codes = _as_codes(self.fmt, self.codes[:, :, :w])
+        codes = as_codes(self.fmt, self.codes[:, :, :w])
         out = decode(Encoded(codes, scale, offset, self.fmt.name, "channel"), self.dtype)  # [b, h, w, d]
         held = self.residual[:, :, torch.arange(w, device=ids.device) % self.group]  # [b, h, w, d]
         out = torch.where((ids == RESIDUAL)[:, None, :, None], held, out)
@@ -183,7 +177,7 @@ class ChannelStore:
         """`KVStore.copy_slots`: codes, block ids and residual entries move; nothing is re-encoded. Then the
         ids no slot holds are reclaimed (`_reclaim`, one host sync: an edit)."""
         clear = src_slots < 0  # [n]
-        src, dst = (src_rows, self._slot(src_slots)), (dst_rows, self._slot(dst_slots))
+        src, dst = (src_rows, self.slot_index(src_slots)), (dst_rows, self.slot_index(dst_slots))
         codes = self.codes.transpose(1, 2)  # [b, cap+1, h, dc]
         moved = codes[src].masked_fill(clear[:, None, None], 0)  # [n, h, dc]: all sources read first
         ids = self.block[src].masked_fill(clear, -1)  # [n]
@@ -204,6 +198,6 @@ class ChannelStore:
 
     def grow(self, capacity: int) -> None:
         old = self.capacity
-        self.codes = _regrow(self.codes, old, capacity)
-        self.block = _regrow(self.block, old, capacity, -1)
+        self.codes = regrow(self.codes, old, capacity)
+        self.block = regrow(self.block, old, capacity, -1)
         self._reclaim()  # room for the blocks the new slots can fill
