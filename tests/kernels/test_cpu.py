@@ -15,7 +15,7 @@ from tests.rope.test_apply_invariants import oracle, ref_inv_freq
 import posenc
 from posenc import PosencError, Rope
 from posenc.kernels import build, cpu
-from posenc.rope import route
+from posenc.rope import dispatch
 from posenc.rope.scaling import DynamicNTK, YaRN
 
 pytestmark = pytest.mark.skipif(not cpu.available(), reason="no C compiler for the cpu kernel")
@@ -208,7 +208,7 @@ def test_explicit_impl_never_falls_back(monkeypatch, tmp_path):
         rope.apply(q, q, pos, impl="fast")
     with pytest.raises(PosencError, match=r"impl: expected 'reference' or 'compiled' for compute_dtype"):
         rope.apply(q, q, pos, impl="cpu", compute_dtype=torch.bfloat16)
-    if not route.triton_available():
+    if not dispatch.triton_available():
         with pytest.raises(PosencError, match=r"impl: expected 'triton' with the triton package"):
             rope.apply(q, q, pos, impl="triton")
     else:
@@ -219,7 +219,7 @@ def test_explicit_impl_never_falls_back(monkeypatch, tmp_path):
     monkeypatch.setenv("CC", str(tmp_path / "no-such-cc"))
     monkeypatch.setenv("POSENC_CACHE_DIR", str(tmp_path))
     monkeypatch.setattr(build, "installed_library", lambda *a, **k: None)  # no install-time build either
-    build._loaded.cache_clear(), cpu.library_for.cache_clear()
+    build._loaded.cache_clear(), cpu.entry.cache_clear()
     try:
         with pytest.warns(RuntimeWarning, match="the C kernel is unavailable"):  # the default says why, once
             build.library()
@@ -228,7 +228,7 @@ def test_explicit_impl_never_falls_back(monkeypatch, tmp_path):
         expected = rope.apply(q, q, pos, impl="reference")
         assert torch.equal(rope.apply(q, q, pos)[0], expected[0])
     finally:
-        build._loaded.cache_clear(), cpu.library_for.cache_clear()
+        build._loaded.cache_clear(), cpu.entry.cache_clear()
 
 
 def test_decoder_tables_path_matches_reference():
@@ -240,7 +240,7 @@ def test_decoder_tables_path_matches_reference():
                 torch.tensor([5])):
         cos, sin = rope.cos_sin(pos)
         x_in = x if pos.shape[-1] == 6 else x[:, :, :1]
-        assert torch.equal(route.rotate(x_in, None, cos, sin, None, "interleaved")[0],
+        assert torch.equal(dispatch.rotate(x_in, None, cos, sin, None, "interleaved")[0],
                            apply_rope(x_in, cos, sin, pairing="interleaved"))
 
 
@@ -286,14 +286,14 @@ def test_kernel_builds_in_the_temp_directory_when_the_cache_folder_cannot_exist(
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
     (tmp_path / "tmp").mkdir()
     monkeypatch.setattr(build, "installed_library", lambda *a, **k: None)
-    build._loaded.cache_clear(), cpu.library_for.cache_clear()
+    build._loaded.cache_clear(), cpu.entry.cache_clear()
     try:
         rope, q, pos = Rope(head_dim=16), randn(1, 2, 3, 16), torch.arange(3)
         got = rope.apply(q, q, pos, impl="cpu")
         assert torch.equal(got[0], rope.apply(q, q, pos, impl="reference")[0])
         assert list((tmp_path / "tmp").glob("posenc-*/kernels/rope_cpu-*.so"))
     finally:
-        build._loaded.cache_clear(), cpu.library_for.cache_clear()
+        build._loaded.cache_clear(), cpu.entry.cache_clear()
 
 
 def test_offsets_past_two_to_the_31_elements_in_place_and_allocating():
@@ -316,7 +316,7 @@ def test_offsets_past_two_to_the_31_elements_in_place_and_allocating():
 def test_rope_args_layout_matches_the_c_struct():
     import ctypes
 
-    lib = cpu.require(torch.float32)
+    lib = cpu._lib()
     lib.posenc_args_size.restype = ctypes.c_int64
     assert lib.posenc_args_size() == ctypes.sizeof(cpu.RopeArgs) == cpu._PACK.__self__.size
 

@@ -11,7 +11,7 @@ import torch
 
 from posenc import Rope
 from posenc.kernels import cpu
-from posenc.rope.table import RopeTable
+from posenc.rope.tables import RopeTable
 
 pytestmark = pytest.mark.skipif(not cpu.available(torch.bfloat16), reason="no C compiler for the cpu kernel")
 

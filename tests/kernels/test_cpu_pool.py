@@ -1,4 +1,4 @@
-"""The C kernel's worker pool and the decode hot path (`route.rotate_held`), bit for bit against the reference.
+"""The C kernel's worker pool and the decode hot path (`dispatch.rotate_held`), bit for bit against the reference.
 
 The pool is started once and reused; each call takes at most `torch.get_num_threads()` threads, splits by
 bytes from 128 KiB a thread, and must give the reference's bits whatever the thread count, after a change of
@@ -20,7 +20,7 @@ from tests.kernels.test_cpu import randn
 
 from posenc import PosencError, Rope
 from posenc.kernels import cpu
-from posenc.rope import route
+from posenc.rope import dispatch
 
 pytestmark = pytest.mark.skipif(not cpu.available(), reason="no C compiler for the cpu kernel")
 hypothesis = pytest.importorskip("hypothesis")
@@ -150,13 +150,13 @@ def test_a_forked_child_starts_its_own_pool(threads):
 
 
 def test_overlap_flag_refuses_meeting_ranges_and_writes_nothing():
-    lib = cpu.require(torch.float32)
+    run = cpu.entry(torch.float32)
     table = Rope(head_dim=8).table(4)
     x = randn(1, 4, 2, 8)  # [b, h, t, d]
     rows = torch.tensor([1, 3])
 
     def call(q, k, flags):
-        return lib.posenc_rope(cpu.pack_args(
+        return run(cpu.pack_args(
             q.data_ptr(), q.data_ptr(), k.data_ptr(), k.data_ptr(), table.cos.data_ptr(), table.sin.data_ptr(),
             rows.data_ptr(), 1, q.shape[1], k.shape[1], 2, 8, *q.stride(), *q.stride(), *k.stride(), *k.stride(),
             4, 4, 0, cpu.DTYPES[torch.float32], cpu.PAIRING_CODES["split_half"], 1, flags))
@@ -171,7 +171,7 @@ def test_overlap_flag_refuses_meeting_ranges_and_writes_nothing():
 
 
 def test_hot_path_runs_without_the_general_router(monkeypatch):
-    # with a held table these calls never reach route.rotate; calls the hot path does not take do
+    # with a held table these calls never reach dispatch.rotate; calls the hot path does not take do
     rope = Rope(head_dim=128)
     table = rope.table(4096)
     q, k = randn(32, 1, 32, 128, dtype=torch.bfloat16), randn(32, 1, 8, 128, dtype=torch.bfloat16, seed=1)
@@ -182,7 +182,7 @@ def test_hot_path_runs_without_the_general_router(monkeypatch):
     def general(*args, **kwargs):
         raise AssertionError("the general router ran")
 
-    monkeypatch.setattr(route, "rotate", general)
+    monkeypatch.setattr(dispatch, "rotate", general)
     for p, want in zip(cases, expected):
         got = rope.apply(q, k, p, layout="bthd", table=table)
         assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
@@ -439,7 +439,7 @@ def test_held_table_in_place_refusals_name_the_argument():
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_hot_path_is_bit_identical_to_the_reference_on_odd_strided_shapes(layout, dtype, monkeypatch, threads):
     # odd sizes, GQA, q a channel slice and k a head slice of larger buffers, [b, t] positions; the hot path
-    # (route.rotate never runs) against impl="reference", allocating and in place, on 1 and 2 threads
+    # (dispatch.rotate never runs) against impl="reference", allocating and in place, on 1 and 2 threads
     rope = Rope(head_dim=72, rotary_dim=40)
     table = rope.table(997)
     b, hq, hk, t = 3, 5, 3, 7
@@ -453,7 +453,7 @@ def test_hot_path_is_bit_identical_to_the_reference_on_odd_strided_shapes(layout
     def general(*args, **kwargs):
         raise AssertionError("the general router ran")
 
-    monkeypatch.setattr(route, "rotate", general)
+    monkeypatch.setattr(dispatch, "rotate", general)
     for n in (1, 2):
         threads(n)
         got = rope.apply(q, k, pos, layout=layout, table=table)

@@ -24,13 +24,10 @@ def interpreted_kernels(monkeypatch):
         yield
         return
     monkeypatch.setenv("TRITON_INTERPRET", "1")
-    import posenc.kernels.triton_append as append
     import posenc.kernels.triton_rope as rope_kernels
 
     if type(rope_kernels._rope_kernel).__name__ != "InterpretedFunction":
         importlib.reload(rope_kernels)
-    if type(append._append_kernel).__name__ != "InterpretedFunction" or append._rotate_block is not rope_kernels._rotate_block:
-        importlib.reload(append)
     yield
 
 from tests.helpers.tolerances import assert_close  # noqa: E402
@@ -115,27 +112,6 @@ def test_angles_computed_on_the_fly(precision):
     assert_close(q_out, expected[0]), assert_close(k_out, expected[1])  # own cos/sin: within float32 rounding
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_fused_rope_and_kv_append(dtype):
-    from posenc.kernels.triton_append import rope_append_kv
-
-    rope = Rope(head_dim=32, rotary_dim=16, pairing="interleaved")
-    k, v = randn(2, 2, 3, 32, dtype=dtype), randn(2, 2, 3, 24, dtype=dtype, seed=1)
-    k_cache, v_cache = randn(2, 2, 8, 32, dtype=dtype, seed=2), randn(2, 2, 8, 24, dtype=dtype, seed=3)
-    positions = torch.tensor([[40, 41, 42], [7, 8, 9]]).to(DEVICE)
-    slots = torch.tensor([[5, 6, 7], [0, 1, 2]]).to(DEVICE)
-    expected_k, expected_v = k_cache.clone(), v_cache.clone()
-    k_rot = rope.rotate(k, positions, impl="reference")
-    for row in range(2):
-        expected_k[row, :, slots[row]] = k_rot[row]
-        expected_v[row, :, slots[row]] = v[row]
-    cos, sin = rope.cos_sin(torch.arange(64).to(DEVICE))
-    rope_append_kv(k, v, k_cache, v_cache, positions, slots, cos, sin, "interleaved")
-    same(k_cache, expected_k), same(v_cache, expected_v)
-    with pytest.raises(PosencError, match=r"slots: expected slots in \[0, 8\)"):
-        rope_append_kv(k, v, k_cache, v_cache, positions, slots + 6, cos, sin, "interleaved")
-
-
 def _sparse(shape, strides, dtype=torch.float32):
     """A view whose offsets pass 2**31 elements while each stride fits in int32 (8 GB of untouched virtual
     memory; only the pages of its own elements are written), or a skip where that cannot be reserved."""
@@ -157,20 +133,6 @@ def test_offsets_past_two_to_the_31_elements():
     k_in = k.clone()
     rope.apply_(q, k_in, pos, impl="triton")
     same(q.contiguous(), expected[0]), same(k_in, expected[1])
-
-
-def test_fused_append_into_a_cache_past_two_to_the_31_elements():
-    from posenc.kernels.triton_append import rope_append_kv
-
-    rope = Rope(head_dim=32)
-    k, v = randn(3, 1, 1, 32), randn(3, 1, 1, 32, seed=1)
-    k_cache, v_cache = _sparse((3, 1, 4, 32), (2**30, 128, 32, 1)), _sparse((3, 1, 4, 32), (2**30, 128, 32, 1))
-    positions, slots = torch.tensor([[7], [8], [9]]), torch.tensor([[1], [2], [3]])
-    cos, sin = rope.cos_sin(torch.arange(16))
-    rope_append_kv(k, v, k_cache, v_cache, positions, slots, cos, sin, "split_half")
-    k_rot = rope.rotate(k, positions, impl="reference")
-    for row in range(3):
-        same(k_cache[row, :, slots[row]], k_rot[row]), same(v_cache[row, :, slots[row]], v[row])
 
 
 @pytest.mark.parametrize("with_table", [False, True])

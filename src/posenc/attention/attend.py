@@ -50,9 +50,9 @@ from .masks import _check_flex_backward, _flex, sdpa_attention, visibility
 from ..errors import batch_positions, check_float_tensor, choice, fail, integer, real
 from ..rope.temperature import QueryTemperature
 
-__all__ = ["attention", "IMPLS", "check_inputs", "check_score_options"]
+__all__ = ["attention", "ATTENTION_IMPLS", "check_inputs", "check_score_options"]
 
-IMPLS = ("eager", "sdpa", "flex")
+ATTENTION_IMPLS = ("eager", "sdpa", "flex")
 
 
 def check_inputs(q, k, v, q_positions, k_positions, key_mask=None, scale=None, window=None):
@@ -140,7 +140,7 @@ def attention(
             one), a softcap that is not a number > 0, a softcap with `impl="sdpa"`, sinks that are not a
             float tensor of shape [hq] or with an impl other than "eager".
     """
-    choice("impl", impl, IMPLS)
+    choice("impl", impl, ATTENTION_IMPLS)
     q_pos, k_pos, scale = check_inputs(q, k, v, q_positions, k_positions, key_mask, scale, window)  # [b, t]
     chunk, softcap = check_score_options(chunk, temperature, softcap, impl)
     if sinks is not None:

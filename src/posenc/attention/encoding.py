@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from ..errors import Raw, assert_values, fail
-from ..rope import route
+from ..rope import dispatch
 from ..rope.rerotate import row_tables
 from ..rope.spec import Rope
 from ..rope.temperature import QueryTemperature
@@ -77,7 +77,7 @@ def _rotate(rope: Rope, q: torch.Tensor, k: torch.Tensor, q_pos: torch.Tensor, k
             seq_len: int | None = None, table: Any = None) -> tuple[torch.Tensor, torch.Tensor]:
     """q and k rotated with one table per row, that of length `seq_len` or `max(q and k positions) + 1`.
 
-    Through the router (`rope.route`), like every rotation; `table`: a `RopeTable` of `rope` to read rows from.
+    Through the dispatch (`rope.dispatch`), like every rotation; `table`: a `RopeTable` of `rope` to read rows from.
     """
     for arg, pos in (("q_positions", q_pos), ("k_positions", k_pos)):  # on the device: no host sync
         assert_values(arg, (pos >= 0).all(), "positions >= 0 (a Rope rotates by the position)",
@@ -90,8 +90,8 @@ def _rotate(rope: Rope, q: torch.Tensor, k: torch.Tensor, q_pos: torch.Tensor, k
         lengths = torch.maximum(q_pos.amax(dim=1), k_pos.amax(dim=1)) + 1  # [b]: the forward's length per row
     cos_q, sin_q = row_tables(rope, q_pos, lengths)  # [b, tq, r/2]
     cos_k, sin_k = row_tables(rope, k_pos, lengths)  # [b, tk, r/2]
-    return (route.rotate(q, None, cos_q, sin_q, None, rope.pairing)[0],
-            route.rotate(k, None, cos_k, sin_k, None, rope.pairing)[0])
+    return (dispatch.rotate(q, None, cos_q, sin_q, None, rope.pairing)[0],
+            dispatch.rotate(k, None, cos_k, sin_k, None, rope.pairing)[0])
 
 
 def _absolute(encoding: Any, positions: torch.Tensor, d: int) -> torch.Tensor:

@@ -37,7 +37,7 @@ from .checks import check_layout, check_new_positions, check_tokens, check_write
 from .paged import BlockTable, PagedStore
 from .storage import ContiguousStore, KVStore
 from ..errors import boolean, choice, fail, integer, positions as check_positions
-from ..rope import route
+from ..rope import dispatch
 from ..rope.rerotate import row_tables
 from ..rope.spec import Rope
 
@@ -238,7 +238,7 @@ class KVCache:
         if self.rotates_at_write and not rotated:
             if cos is None or sin is None:
                 cos, sin = self.tables(self.positions.gather(1, slots.clamp(min=0)))
-            k = route.rotate(k, None, cos, sin, None, self.rope.pairing)[0]  # [b, hk, t, d]
+            k = dispatch.rotate(k, None, cos, sin, None, self.rope.pairing)[0]  # [b, hk, t, d]
         rows, flat = self.write_index(slots) if index is None else index  # [b * t]
         self.stores[layer].write(rows, flat, k.transpose(1, 2).flatten(0, 1), v.transpose(1, 2).flatten(0, 1))
 
@@ -272,7 +272,7 @@ class KVCache:
         k, v = self.stores[layer].read(w)  # [b, hk, w, d]
         if self.store == "unrotated" and self.rope is not None:
             cos, sin = key_tables if key_tables is not None else self.tables(self.positions[:, :w])
-            k = route.rotate(k, None, cos, sin, None, self.rope.pairing)[0]  # [b, hk, w, d]
+            k = dispatch.rotate(k, None, cos, sin, None, self.rope.pairing)[0]  # [b, hk, w, d]
         return k, v
 
     def update(self, layer: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, cos: Any = None,

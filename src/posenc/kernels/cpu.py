@@ -7,7 +7,11 @@ token, and the pairing. It rotates q and k in one call on up to `torch.get_num_t
 library's worker pool, started once: `pool_workers`), reading each element once and writing it once, with
 the reference's arithmetic (bit-identical results, see the C file). It checks the rows itself (no host sync
 in Python) and writes nothing when one is out of range (or, with `FLAG_CHECK_OVERLAP`, when q's and k's
-memory ranges meet). The decode hot path (`posenc.rope.route.rotate_held`) packs the struct itself.
+memory ranges meet).
+
+A caller asks one question, `entry(dtype)`: the kernel's foreign function when it runs that dtype here, else
+None; then it calls it (the decode hot path, `posenc.rope.dispatch.rotate_held`, packs the struct itself) or
+passes it to `rope(..., run=)`. `unavailable()` says why there is none, for an error message.
 
 The arguments travel as one C struct, `RopeArgs`, mirrored by the `ctypes.Structure` below; the call packs
 it with a precompiled `struct.Struct` (about 1 us, against about 7 us for building the ctypes object).
@@ -23,16 +27,13 @@ import struct
 
 import torch
 
-from ..errors import Raw, fail
 from . import build
+from .constants import DTYPE_CODES as DTYPES, MAX_HEAD_DIM, MAX_ROTARY_DIM, PAIRING_CODES, fits
 
-__all__ = ["available", "rope", "advise_huge_pages", "fits", "RopeArgs", "DTYPES", "PAIRING_CODES",
-           "MAX_ROTARY_DIM", "MAX_HEAD_DIM", "BAD_ARGUMENTS", "OVERLAP", "FLAG_HUGE_PAGES", "FLAG_CHECK_OVERLAP",
-           "pack_args", "huge_pages_allowed", "pool_workers", "pool_openmp"]
+__all__ = ["entry", "unavailable", "available", "rope", "advise_huge_pages", "fits", "RopeArgs", "DTYPES",
+           "PAIRING_CODES", "MAX_ROTARY_DIM", "MAX_HEAD_DIM", "BAD_ARGUMENTS", "OVERLAP", "FLAG_HUGE_PAGES",
+           "FLAG_CHECK_OVERLAP", "pack_args", "huge_pages_allowed", "pool_workers", "pool_openmp"]
 
-PAIRING_CODES = {"split_half": 0, "interleaved": 1, "interleaved_to_split_half": 2}
-DTYPES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2, torch.float64: 3}
-MAX_ROTARY_DIM, MAX_HEAD_DIM = 2048, 4096  # rope_tile.h's row buffers: MAX_HALF pairs, 2 * MAX_HALF + 2048 channels
 BAD_ARGUMENTS = -(1 << 62)  # the kernel's answer to arguments it cannot take
 OVERLAP = BAD_ARGUMENTS + 1  # its answer, with FLAG_CHECK_OVERLAP, to q and k whose memory ranges meet
 FLAG_HUGE_PAGES = 1  # RopeArgs.flags: advise huge pages on fresh outputs of >= 4 MiB
@@ -88,40 +89,33 @@ def _lib() -> ctypes.CDLL | str:
 
 
 @functools.lru_cache(maxsize=None)  # a pure function of the loaded library (tests that reload it clear both)
-def library_for(dtype: torch.dtype) -> ctypes.CDLL | None:
-    """The library when it runs `dtype` here, else None (the hot path's one question)."""
+def entry(dtype: torch.dtype):
+    """`posenc_rope`, the kernel's foreign function (packed `RopeArgs` bytes -> int64), when it runs `dtype` here;
+    else None. The one question a caller asks before it calls the kernel."""
     lib = build.loaded()
     if lib is None or dtype not in DTYPES:
         return None
     lib = _declared(lib)
-    return lib if dtype is not torch.float16 or lib.posenc_has_f16() else None
+    return lib.posenc_rope if dtype is not torch.float16 or lib.posenc_has_f16() else None
+
+
+def unavailable() -> str | None:
+    """Why the library is not there (the build's message), or None when it is: then a None `entry(dtype)` means
+    the dtype (float32, bfloat16, float64, and float16 where the compiler has _Float16). For error messages."""
+    lib = build.library()
+    return lib if isinstance(lib, str) else None
 
 
 def available(dtype: torch.dtype | None = None) -> bool:
     """True when the kernel builds (or is built) here and supports `dtype` (any supported dtype if None)."""
     if dtype is None:
         return not isinstance(build.library(), str)
-    return library_for(dtype) is not None
-
-
-def fits(rotary_dim: int, head_dim: int) -> bool:
-    """Whether the kernel's row buffers hold rows this wide (larger ones run on the reference)."""
-    return rotary_dim <= MAX_ROTARY_DIM and head_dim <= MAX_HEAD_DIM
-
-
-def require(dtype: torch.dtype) -> ctypes.CDLL:
-    """The library, or `PosencError` naming impl 'cpu' and why it cannot run."""
-    lib = _lib()
-    if isinstance(lib, str):
-        fail("impl", "'cpu' to be buildable", Raw(lib))
-    if not available(dtype):
-        fail("impl", "'cpu' with float32, bfloat16, float64 or float16 (where the compiler has _Float16)", Raw(str(dtype)))
-    return lib
+    return entry(dtype) is not None
 
 
 def rope(
     q: torch.Tensor, k: torch.Tensor | None, q_out: torch.Tensor, k_out: torch.Tensor | None,
-    cos: torch.Tensor, sin: torch.Tensor, rows: torch.Tensor, pairing: str, *, lib: ctypes.CDLL | None = None,
+    cos: torch.Tensor, sin: torch.Tensor, rows: torch.Tensor, pairing: str, *, run=None,
 ) -> int:
     """Rotate q (and k) into q_out (and k_out), which may be q and k themselves.
 
@@ -130,13 +124,16 @@ def rope(
         cos, sin: contiguous float32 tables `[n, r/2]`.
         rows: contiguous int64 `[t]` or `[b, t]`: the table row of each token.
         pairing: a name from `PAIRING_CODES`.
-        lib: the library (`require(q.dtype)`), when the caller already holds it.
+        run: `entry(q.dtype)`, when the caller already holds it (default: asked here; a dtype the kernel
+            cannot run here is a bug of the caller, which asked `entry` first).
     Returns:
         0 when done; otherwise nothing was written and the value says why: `BAD_ARGUMENTS`, arguments the
         kernel cannot take; < 0, the most negative row; > 0, the table length the rows need.
     """
-    if lib is None:
-        lib = require(q.dtype)
+    if run is None:
+        run = entry(q.dtype)
+        if run is None:
+            raise RuntimeError(f"posenc cpu kernel cannot run {q.dtype} here ({unavailable() or 'the dtype'})")
     if rows.numel() == 0:  # no tokens or no batch rows: nothing to do (and no row to read)
         return 0
     b, hq, t, d = q.shape
@@ -148,12 +145,13 @@ def rope(
     else:
         ks, k_ptr, k_out_ptr, hk = k.stride(), k.data_ptr(), k_out.data_ptr(), k.shape[1]
         kos = ks if k_out_ptr == k_ptr else k_out.stride()
-    fresh = qop != qp or k_out_ptr != k_ptr  # a fresh output: huge pages may be advised on it
+    fresh = qop != qp or k_out_ptr != k_ptr  # a fresh output: huge pages may be advised on a large one
+    large = fresh and b * (hq + hk) * t * d * q.element_size() >= LARGE_OUTPUT_BYTES
     args = _PACK(qp, qop, k_ptr, k_out_ptr, cos.data_ptr(), sin.data_ptr(), rows.data_ptr(),
                  b, hq, hk, t, d, *qs, *qos, *ks, *kos, cos.shape[0], cos.shape[1],
                  t if rows.ndim == 2 and rows.shape[0] > 1 else 0, DTYPES[q.dtype], PAIRING_CODES[pairing],
-                 torch.get_num_threads(), FLAG_HUGE_PAGES if fresh and huge_pages_allowed() else 0)
-    return lib.posenc_rope(args)
+                 torch.get_num_threads(), FLAG_HUGE_PAGES if large and huge_pages_allowed() else 0)
+    return run(args)
 
 
 def huge_pages_allowed() -> bool:

@@ -24,7 +24,7 @@ def launch(backend: str, q, k, q_out, k_out, cos, sin, rows, pairing: str, inver
             raise NotImplementedError("the cpu kernel reads tables")  # dispatch never asks for this
         ret = cpu.rope(q, k if k.shape[1] else None, q_out, k_out if k.shape[1] else None, cos,
                        sin.neg() if inverse else sin, rows, pairing)
-        if ret != 0:  # the router checked the rows: out of range here means a bug, not bad input
+        if ret != 0:  # dispatch checked the rows: out of range here means a bug, not bad input
             raise RuntimeError(f"posenc cpu kernel rejected the table rows (code {ret})")
     elif backend == "triton":
         from .triton_rope import rotate

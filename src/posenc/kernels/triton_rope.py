@@ -16,12 +16,9 @@ import torch
 import triton
 import triton.language as tl
 
-from ..rope.tables import TWO_PI_PARTS
+from .constants import ANGLE_CODES, PAIRING_CODES, TWO_PI_PARTS
 
 __all__ = ["rotate"]
-
-_PAIRING = {"split_half": 0, "interleaved": 1, "interleaved_to_split_half": 2}
-_ANGLES = {"table": 0, "float32": 1, "exact": 2}
 
 
 @triton.jit
@@ -157,6 +154,6 @@ def rotate(q: torch.Tensor, k: torch.Tensor, q_out: torch.Tensor, k_out: torch.T
     _rope_kernel[grid](
         q, k, q_out, k_out, cos, sin, rows, *q.stride(), *q_out.stride(), *k.stride(), *k_out.stride(),
         hq, hk, t, rows_b, half, d, float(factor), *TWO_PI_PARTS,
-        BLOCK_T=bt, BLOCK_H=bh, BLOCK_HALF=bhalf, BLOCK_PASS=bpass, PAIRING=_PAIRING[pairing],
-        ANGLES=_ANGLES[angles], INVERSE=inverse, COPY_PASS=copy_pass, ROUND_BF16=q.dtype == torch.bfloat16,
+        BLOCK_T=bt, BLOCK_H=bh, BLOCK_HALF=bhalf, BLOCK_PASS=bpass, PAIRING=PAIRING_CODES[pairing],
+        ANGLES=ANGLE_CODES[angles], INVERSE=inverse, COPY_PASS=copy_pass, ROUND_BF16=q.dtype == torch.bfloat16,
     )

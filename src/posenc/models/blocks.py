@@ -16,7 +16,7 @@ from torch import nn
 
 from ..attention import apply_temperature
 from ..cache import KVCache
-from ..rope import route
+from ..rope import dispatch
 from .arch import NORM_NAMES, Arch, LayerSpec
 from .layers import Step
 from .moe import MoE
@@ -100,12 +100,12 @@ class ArchAttention(nn.Module):
         own = step.layer_tables[layer] if step.layer_tables is not None else None
         rotate_k = False
         if own is not None:  # this layer's own RoPE: q and k rotated here, the cache stores them as given
-            q, k = route.rotate(q, k, own[0], own[1], None, self.spec.rope.pairing)  # type: ignore[union-attr]
+            q, k = dispatch.rotate(q, k, own[0], own[1], None, self.spec.rope.pairing)  # type: ignore[union-attr]
             if self.arch.qk_norm == "l2":  # Llama 4: after RoPE, on the layers that rotate (float32 tables
                 q, k = self.l2_norm(q), self.l2_norm(k)  # move the RMS by ~1e-8, so the order matters)
         elif step.pairing is not None:  # the decoder's shared RoPE, as `layers.Attention`
             rotate_k = cache is None or cache.rotates_at_write
-            q, k_rot = route.rotate(q, k if rotate_k else None, step.cos, step.sin, None, step.pairing)
+            q, k_rot = dispatch.rotate(q, k if rotate_k else None, step.cos, step.sin, None, step.pairing)
             k = k_rot if rotate_k else k  # [b, hk, t, d]
         if self.spec.temperature is not None:
             q = apply_temperature(self.spec.temperature, q, step.positions)  # [b, hq, t, d]

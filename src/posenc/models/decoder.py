@@ -25,7 +25,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..attention import IMPLS, encoding_kind
+from ..attention import ATTENTION_IMPLS, encoding_kind
 from ..errors import Raw, fail, integer, rename
 from ..rope.spec import Rope
 from .arch import Arch, check_arch
@@ -132,8 +132,8 @@ class Decoder(DecoderForward):
 
     @attn_impl.setter
     def attn_impl(self, impl: str) -> None:
-        if impl not in IMPLS:
-            fail("attn_impl", f"one of {IMPLS}", impl)
+        if impl not in ATTENTION_IMPLS:
+            fail("attn_impl", f"one of {ATTENTION_IMPLS}", impl)
         if impl != "eager" and self.arch is not None and self.arch.sinks:
             fail("attn_impl", f"'eager' (this {self.arch.family} model adds attention sinks to its softmax, which "
                  "posenc computes in eager attention only)", impl)

@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 from ..cache import KVCache
-from ..rope import route
+from ..rope import dispatch
 
 __all__ = ["Step", "RMSNorm", "SwiGLU", "Attention", "DecoderLayer"]
 
@@ -116,7 +116,7 @@ class Attention(nn.Module):
         # q and k of a layer in one call of the router, with this forward's tables (the C kernel on CPU: same bits)
         rotate_k = step.pairing is not None and (cache is None or cache.rotates_at_write)
         if step.pairing is not None:
-            q, k_rot = route.rotate(q, k if rotate_k else None, step.cos, step.sin, None, step.pairing)
+            q, k_rot = dispatch.rotate(q, k if rotate_k else None, step.cos, step.sin, None, step.pairing)
             k = k_rot if rotate_k else k  # [b, hk, t, d]
         if cache is None:  # a full forward: the keys are this forward's own tokens
             keys, values = k, v

@@ -1,8 +1,8 @@
 """`Rope`: a frozen description of one rotary embedding, and the calls that use it.
 
-This file holds the fields, `from_hf_config` and the rotation calls (`rotate`, `apply`, `apply_`); `Rope`
-inherits its frequencies and cos/sin tables (`inv_freq`, `cos_sin`, `table`) from `RopeTables`
-(rope/spec_tables.py) and its checks (construction, call inputs) from `RopeChecks` (rope/spec_checks.py).
+The fields and their checks, the frequencies (`inv_freq`, `angle_freq`), the cos/sin rows (`cos_sin`, a held
+`table`) and the rotation calls (`rotate`, `apply`, `apply_`). The checks of call inputs are plain functions in
+rope/inputs.py; the angles are made in rope/tables.py; the implementation is chosen in rope/dispatch.py.
 
     >>> import torch, posenc
     >>> rope = posenc.Rope(head_dim=8, base=10000.0)
@@ -19,14 +19,13 @@ from typing import Any
 
 import torch
 
-from ..errors import Raw, fail
-from . import route
-from .aliasing import written_twice
-from .apply import LAYOUTS
-from .scaling import Default, Scaling
-from .spec_checks import RopeChecks
-from .spec_tables import RopeTables
-from .table import RopeTable
+from ..errors import boolean, choice, fail, integer, positions, real
+from . import dispatch, tables
+from .apply import PAIRINGS
+from .inputs import check_pair, check_positions, check_x
+from .mrope import check_sections, mrope_axis_map, mrope_cos_sin
+from .scaling import Default, Scaling, check_base, check_seq_len
+from .tables import RopeTable, make_table
 
 __all__ = ["Rope"]
 
@@ -34,7 +33,7 @@ _compiling = torch.compiler.is_compiling  # bound once: the decode hot path call
 
 
 @dataclass(frozen=True)
-class Rope(RopeChecks, RopeTables):
+class Rope:
     """One rotary position embedding.
 
     Args:
@@ -66,6 +65,34 @@ class Rope(RopeChecks, RopeTables):
     direction: int = 1
 
     # ---------------------------------------------------------------- construction
+    def __post_init__(self) -> None:
+        head = integer("head_dim", self.head_dim, min=1)
+        if self.rotary_dim is None:
+            rotary = head
+        else:
+            rotary = integer("rotary_dim", self.rotary_dim, min=1, max=head, what=f"an integer in [2, head_dim={head}]")
+        if rotary % 2:
+            arg = "rotary_dim" if self.rotary_dim is not None else "head_dim"  # rotary_dim defaults to head_dim
+            fail(arg, "an even number of channels (rotation pairs)", rotary)
+        object.__setattr__(self, "head_dim", head)
+        object.__setattr__(self, "rotary_dim", rotary)
+        object.__setattr__(self, "base", check_base(self.base))
+        if not hasattr(self.scaling, "inv_freq"):
+            fail("scaling", "a scaling rule from posenc.rope.scaling", self.scaling)
+        choice("pairing", self.pairing, PAIRINGS)
+        object.__setattr__(self, "mrope_interleaved", boolean("mrope_interleaved", self.mrope_interleaved))
+        if self.mrope_section is not None:
+            section = check_sections(self.mrope_section)
+            mrope_axis_map(section, self.mrope_interleaved)  # interleaved M-RoPE needs exactly 3 sections
+            if sum(section) != rotary // 2:
+                fail("mrope_section", f"sections summing to rotary_dim / 2 = {rotary // 2}", list(section))
+            object.__setattr__(self, "mrope_section", section)
+        object.__setattr__(self, "softmax_scale_factor", real("softmax_scale_factor", self.softmax_scale_factor, gt=0))
+        if type(self.direction) is not int or self.direction not in (1, -1):  # not True, not -1.0
+            fail("direction", "1 or -1 (the sign of the rotation angle)", self.direction)
+        # Fail at construction, not at first use, if the scaling cannot serve this width.
+        self.scaling.inv_freq(self.base, rotary, None)
+
     @classmethod
     def from_hf_config(cls, config: Any, *, layer_type: str | None = None) -> "Rope":
         """Build from a transformers `config.json` dict or a `PretrainedConfig` (4.x and 5.x keys).
@@ -79,6 +106,95 @@ class Rope(RopeChecks, RopeTables):
         from ..hf import rope_from_hf_config
 
         return rope_from_hf_config(config, layer_type=layer_type)
+
+    # ---------------------------------------------------------------- facts
+    @property
+    def interleaved(self) -> bool:
+        """True when input channels pair as (2i, 2i+1)."""
+        return self.pairing != "split_half"
+
+    @property
+    def attention_factor(self) -> float:
+        """The multiplier applied to cos and sin (YaRN, LongRoPE), at the original length."""
+        return self.inv_freq()[1]
+
+    def inv_freq(self, seq_len: int | None = None) -> tuple[torch.Tensor, float]:
+        """`([rotary_dim/2] float32 inverse frequencies, attention_factor)` at sequence length `seq_len`."""
+        return self.scaling.inv_freq(self.base, self.rotary_dim, seq_len)  # type: ignore[arg-type]
+
+    def angle_freq(self, seq_len: int | None = None) -> tuple[torch.Tensor, float]:
+        """`inv_freq(seq_len)` with the rotation's sign: the angle of position p is `p * angle_freq[i]`."""
+        inv, factor = self.inv_freq(seq_len)
+        return (inv if self.direction == 1 else -inv), factor  # negation is exact: sin(-x) = -sin(x)
+
+    def seq_len_for(self, position_ids: torch.Tensor, seq_len: int | None = None) -> int | None:
+        """The length a length-dependent scaling sees: `seq_len` if given, else `max(position_ids) + 1`."""
+        if seq_len is not None:
+            return check_seq_len(seq_len)
+        if not self.scaling.depends_on_length or position_ids.numel() == 0:
+            return None
+        return int(position_ids.max()) + 1
+
+    # ---------------------------------------------------------------- tables
+    def cos_sin(
+        self,
+        position_ids: torch.Tensor,
+        *,
+        seq_len: int | None = None,
+        precision: str = "float32",
+        allow_negative: bool = False,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos/sin tables for explicit positions, attention factor applied.
+
+        Args:
+            position_ids: `[t]`, `[b, t]`, or `[3, b, t]` for multi-axis RoPE (integer).
+            seq_len: the length a length-dependent scaling uses (default `max(position_ids) + 1`).
+            precision: "float32" (as checkpoints compute) or "exact" (float64 phase, see `tables`).
+            allow_negative: accept negative positions (rotating backwards).
+        Returns:
+            `(cos, sin)`, float32, `[t, r/2]` or `[b, t, r/2]`, on the positions' device.
+        Raises:
+            PosencError: positions that are not integer `[t]`, `[b, t]` or `[3, b, t]` (for multi-axis
+                RoPE) tensors, negative positions unless allowed, a bad `seq_len` or `precision`.
+        """
+        position_ids = positions("position_ids", position_ids, shapes=[("t",), ("b", "t"), (3, "b", "t")],
+                                 allow_negative=allow_negative,
+                                 negative_hint="(pass allow_negative=True to rotate backwards)")
+        multi_axis = position_ids.ndim == 3
+        if multi_axis and (self.mrope_section is None or position_ids.shape[0] != 3):
+            expected = "[3, b, t] positions" if self.mrope_section else "[t] or [b, t] (this Rope has no mrope_section)"
+            fail("position_ids", expected, position_ids)
+        tables.check_precision(precision)
+        inv, factor = self.angle_freq(self.seq_len_for(position_ids, seq_len))
+        if multi_axis:  # [b, t, r/2], each frequency from the axis that drives it
+            return mrope_cos_sin(position_ids, inv, self.mrope_section, interleaved=self.mrope_interleaved,
+                                 attention_factor=factor, precision=precision)
+        return tables.cos_sin(position_ids, inv, factor, precision)  # [..., r/2]
+
+    def table(self, rows: int, *, seq_len: int | None = None, precision: str = "float32",
+              device: torch.device | str | None = None) -> RopeTable:
+        """The cos/sin rows of positions `0 .. rows-1`: a value to hold and pass as `table=` (see `RopeTable`).
+
+        Args:
+            rows: how many positions the table covers (a position >= rows is refused by the calls).
+            seq_len: the length a length-dependent scaling (dynamic NTK, LongRoPE) is evaluated at
+                (default: `rows`, the longest sequence the table serves); ignored by other scalings.
+            precision: "float32" or "exact" (see `cos_sin`).
+            device: where the table lives (that of the q and k it will rotate); default CPU.
+        Returns:
+            A frozen `RopeTable`; `apply(q, k, position_ids, table=table)` reads row p for position p.
+        Raises:
+            PosencError: a non-positive `rows`, a bad `seq_len` or `precision`.
+        """
+        rows = integer("rows", rows, min=1)
+        tables.check_precision(precision)
+        if self.scaling.depends_on_length:
+            seq_len = check_seq_len(rows if seq_len is None else seq_len)
+        elif seq_len is not None:
+            check_seq_len(seq_len)
+            seq_len = None  # the frequencies do not depend on it
+        return make_table(self, rows, seq_len=seq_len, precision=precision,
+                          device=torch.device("cpu") if device is None else torch.device(device))
 
     # ---------------------------------------------------------------- rotation
     def rotate(
@@ -95,11 +211,11 @@ class Rope(RopeChecks, RopeTables):
         table: RopeTable | None = None,
     ) -> torch.Tensor:
         """Rotate one tensor (q or k) at `position_ids`. See `apply` for the arguments."""
-        self._check_x("x", x, layout)
-        position_ids = self._check_positions(position_ids, x, layout, "x")
+        check_x(self.head_dim, "x", x, layout)
+        position_ids = check_positions(position_ids, x, layout, "x")
         cos, sin, rows = self._tables_for(position_ids, table, seq_len, precision, allow_negative, x)
-        return route.rotate(x, None, cos, sin, rows, self.pairing, impl=impl, layout=layout,
-                            compute_dtype=compute_dtype)[0]
+        return dispatch.rotate(x, None, cos, sin, rows, self.pairing, impl=impl, layout=layout,
+                               compute_dtype=compute_dtype)[0]
 
     def apply(
         self,
@@ -141,7 +257,7 @@ class Rope(RopeChecks, RopeTables):
         if (type(table) is RopeTable and table.held is not None and table.rope is self and seq_len is None
                 and compute_dtype is None and (impl is None or impl == "cpu") and precision == table.precision
                 and not _compiling()):  # the decode hot path (None: a call for the general path)
-            out = route.rotate_held(q, k, position_ids, table.held, layout, self.head_dim, False)
+            out = dispatch.rotate_held(q, k, position_ids, table.held, layout, self.head_dim, False)
             if out is not None:
                 return out
         return self._apply(q, k, position_ids, False, layout, seq_len, precision, allow_negative, compute_dtype, impl, table)
@@ -167,40 +283,35 @@ class Rope(RopeChecks, RopeTables):
         if (type(table) is RopeTable and table.held is not None and table.rope is self and seq_len is None
                 and compute_dtype is None and (impl is None or impl == "cpu") and precision == table.precision
                 and not _compiling()):  # the decode hot path, as in apply
-            out = route.rotate_held(q, k, position_ids, table.held, layout, self.head_dim, True)
+            out = dispatch.rotate_held(q, k, position_ids, table.held, layout, self.head_dim, True)
             if out is not None:
                 return out
         return self._apply(q, k, position_ids, True, layout, seq_len, precision, allow_negative, compute_dtype, impl, table)
 
     def _apply(self, q, k, position_ids, inplace, layout, seq_len, precision, allow_negative, compute_dtype, impl, table):
         # apply and apply_ pass every argument by position: keyword passing is a visible share of a decode call
-        self._check_x("q", q, layout)  # metadata only: values are checked in the kernel (no host sync)
-        self._check_x("k", k, layout)
-        qs, ks, heads = q.shape, k.shape, q.ndim + LAYOUTS[layout][2]
-        if qs[:heads] != ks[:heads] or qs[heads + 1:] != ks[heads + 1:]:
-            for a in range(q.ndim):
-                if a != heads and qs[a] != ks[a]:
-                    fail("k", f"size {qs[a]} in dim {a} (as q {tuple(qs)}; only heads may differ)", k)
-        if not (q.is_cpu and k.is_cpu) and k.device != q.device:
-            fail("k", f"a tensor on the device of q ({q.device})", k)
-        if inplace and torch.is_grad_enabled() and (q.requires_grad or k.requires_grad):
-            for arg, x in (("q", q), ("k", k)):
-                if x.requires_grad and x.is_leaf:
-                    fail(arg, "a tensor autograd lets apply_ change (not a leaf that requires grad: use apply)",
-                         Raw("a leaf tensor with requires_grad=True"))
-        eager_inplace = inplace and not _compiling()  # (tensor addresses and inference flags: eager only)
-        if eager_inplace and not torch.is_inference_mode_enabled() and (q.is_inference() or k.is_inference()):
-            arg = "q" if q.is_inference() else "k"  # torch refuses x.mul_(2) here too
-            fail(arg, "a tensor torch lets apply_ change (an inference tensor only inside torch.inference_mode(); "
-                 "clone it or rotate under inference_mode)", Raw("an inference tensor outside inference mode"))
-        twice = written_twice(q, k) if eager_inplace else None
-        if twice == ("k", "q"):
-            fail("k", "a tensor that shares no memory with q (apply_ writes both; rotate one tensor with rotate)",
-                 Raw("a view of q's memory"))
-        if twice:
-            fail(twice[0], "a tensor whose elements are distinct memory (apply_ writes each once: clone a broadcast "
-                 "or as_strided view)", Raw("a view that repeats memory"))
-        position_ids = self._check_positions(position_ids, q, layout, "q")
+        check_x(self.head_dim, "q", q, layout)  # metadata only: values are checked in the kernel (no host sync)
+        check_x(self.head_dim, "k", k, layout)
+        check_pair(q, k, layout, inplace)
+        position_ids = check_positions(position_ids, q, layout, "q")
         cos, sin, rows = self._tables_for(position_ids, table, seq_len, precision, allow_negative, q)
-        return route.rotate(q, k, cos, sin, rows, self.pairing, inplace=inplace, impl=impl, layout=layout,
-                            compute_dtype=compute_dtype)
+        return dispatch.rotate(q, k, cos, sin, rows, self.pairing, inplace=inplace, impl=impl, layout=layout,
+                               compute_dtype=compute_dtype)
+
+    def _tables_for(self, position_ids, table, seq_len, precision, allow_negative, x):
+        """`(cos, sin, rows)` for `dispatch.rotate`: a held table and the positions as its rows, or per-token tables."""
+        if table is None:
+            cos, sin = self.cos_sin(position_ids, seq_len=seq_len, precision=precision, allow_negative=allow_negative)
+            return cos, sin, None  # [t, r/2] or [b, t, r/2]
+        if not isinstance(table, RopeTable):
+            fail("table", "a RopeTable (rope.table(n)) or None", table)
+        table.check_for(self, seq_len, precision, x)
+        if position_ids.ndim == 3:  # M-RoPE: each frequency from the row of the axis that drives it
+            if self.mrope_section is None or position_ids.shape[0] != 3:
+                fail("position_ids", "[t] or [b, t] (this Rope has no mrope_section)", position_ids)
+            dispatch.check_rows(position_ids, table.rows, "position_ids")
+            axis = mrope_axis_map(self.mrope_section, self.mrope_interleaved).to(x.device)  # [r/2]
+            pick = position_ids[axis].permute(1, 2, 0)  # [b, t, r/2]: the position of each frequency
+            column = torch.arange(axis.shape[0], device=x.device)  # [r/2]
+            return table.cos[pick, column], table.sin[pick, column], None  # [b, t, r/2]
+        return table.cos, table.sin, position_ids if position_ids.dtype == torch.int64 else position_ids.long()

@@ -10,7 +10,7 @@ import functools
 
 import torch
 
-from ..rope.apply import apply_rope
+from .apply import apply_rope
 
 __all__ = ["apply_rope_compiled"]
 

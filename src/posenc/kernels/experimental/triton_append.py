@@ -3,7 +3,8 @@
 Instead of `k = rope(k); k_cache[..., slots, :] = k; v_cache[..., slots, :] = v` (three passes over the
 new keys and values, two launches at least), each program loads a block of new keys, rotates them with
 the cos/sin rows of their positions and stores them, with the matching values, straight into the slots.
-Imported lazily: `import posenc` never imports triton.
+Experimental: no posenc call path reaches it yet (the cache appends with plain indexing); its tests check it
+against the reference. Imported lazily: `import posenc` never imports triton.
 """
 
 from __future__ import annotations
@@ -12,9 +13,9 @@ import torch
 import triton
 import triton.language as tl
 
-from ..errors import fail
-from .triton_rope import _ANGLES, _PAIRING, _cos_sin, _rotate_block, block_sizes
-from ..rope.tables import TWO_PI_PARTS
+from ...errors import fail
+from ..constants import ANGLE_CODES, PAIRING_CODES, TWO_PI_PARTS
+from ..triton_rope import _cos_sin, _rotate_block, block_sizes
 
 __all__ = ["rope_append_kv"]
 
@@ -81,5 +82,5 @@ def rope_append_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_ca
         *v_cache.stride(), hk, t, batch_stride(positions), batch_stride(slots), half, d, v.shape[3],
         float(factor), *TWO_PI_PARTS,
         BLOCK_T=bt, BLOCK_H=bh, BLOCK_HALF=bhalf, BLOCK_PASS=bpass, BLOCK_DV=triton.next_power_of_2(v.shape[3]),
-        PAIRING=_PAIRING[pairing], ANGLES=_ANGLES[angles], ROUND_BF16=k.dtype == torch.bfloat16,
+        PAIRING=PAIRING_CODES[pairing], ANGLES=ANGLE_CODES[angles], ROUND_BF16=k.dtype == torch.bfloat16,
     )

@@ -1,8 +1,11 @@
-"""The one router from a rotation request to an implementation: `rotate(q, k, cos, sin, rows, pairing, ...)`.
+"""The one dispatch from a rotation request to an implementation: `rotate(q, k, cos, sin, rows, pairing, ...)`.
 
 Everything that rotates (`Rope.apply` / `apply_` / `rotate`, `attention`, the decoder, the cache) comes
-through here with tables in hand, so q and k of a layer take the same path with the same table. The kernels
-(`posenc.kernels`) are leaves: tensors in, tensors out; they know nothing of `Rope`.
+through here with tables in hand, so q and k of a layer take the same path with the same table. `choose`
+decides the implementation once, asking the C kernel one question (`kernels.cpu.entry(dtype)`: its foreign
+function or None); then one kernel call runs and the result goes back. The kernels (`posenc.kernels`) are
+leaves: tensors in, tensors out; they know nothing of `Rope`. `rotate_held` is the decode hot path of
+`Rope.apply(_)` with a held table: metadata checks and one C call.
 
 Autograd: every implementation behaves as a torch op. Allocating calls are differentiable (the kernels
 through the `posenc::rope` custom op, whose backward rotates by -theta). In place, a tensor that requires
@@ -23,20 +26,17 @@ import torch
 from ..errors import Raw, assert_values, fail
 from ..errors.tensors import transformed as _transformed
 from ..kernels import IMPLS, cpu
+from ..kernels.constants import MAX_HEAD_DIM, MAX_ROTARY_DIM, fits
 from .apply import apply_rope
 
-__all__ = ["rotate", "rotate_held", "resolve_impl", "triton_available", "check_rows"]
+__all__ = ["rotate", "rotate_held", "choose", "triton_available", "check_rows"]
 
 # torch.autograd.graph.increment_version without its Python wrapper (a visible share of a decode call, see
 # benchmarks/call_overhead.py); the public function where a torch lacks the private one
 _increment_version = getattr(torch._C, "_increment_version", None) or torch.autograd.graph.increment_version
 # the hot path's names bound once (each attribute lookup is a visible share of a decode call)
 Tensor, _INT64, _grad_enabled, _num_threads = torch.Tensor, torch.int64, torch.is_grad_enabled, torch.get_num_threads
-_inference_mode = torch.is_inference_mode_enabled
-
-
-def _compiling() -> bool:
-    return torch.compiler.is_compiling()
+_inference_mode, _compiling = torch.is_inference_mode_enabled, torch.compiler.is_compiling
 
 
 def triton_available() -> bool:
@@ -47,10 +47,12 @@ def triton_available() -> bool:
     return True
 
 
-def resolve_impl(impl: str | None, x: torch.Tensor, compute_dtype: torch.dtype | None,
-                 *others: torch.Tensor | None) -> str:
-    """The implementation to run: `impl` checked, or the fastest available for `x` when None. Under a torch.func
-    transform of `x` or of any of `others` (the other tensors of the call) only the reference runs.
+def choose(impl: str | None, x: torch.Tensor, compute_dtype: torch.dtype | None, rotary_dim: int,
+           *others: torch.Tensor | None):
+    """`(name, run)`: the implementation to run for `x` (q) and, for the C kernel, its entry (`cpu.entry`;
+    None under `torch.compile`, where the custom op calls it). `impl` is checked, or the fastest available is
+    taken when None. Under a torch.func transform of `x` or of any of `others` (the other tensors of the call)
+    only the reference runs.
 
     Raises:
         PosencError: an unknown name, or a named implementation that cannot run these inputs.
@@ -59,34 +61,44 @@ def resolve_impl(impl: str | None, x: torch.Tensor, compute_dtype: torch.dtype |
     if impl is None:
         # under torch.compile inductor fuses the reference itself; under torch.func its torch ops are transformed
         if not default_compute or _compiling() or _transformed(x, *others):
-            return "reference"
-        if x.device.type == "cpu":
-            return "cpu" if cpu.available(x.dtype) else "reference"
+            return "reference", None
+        if x.is_cpu:  # the C kernel where it runs this dtype and its buffers hold these rows
+            run = cpu.entry(x.dtype) if fits(rotary_dim, x.shape[-1]) else None
+            return ("reference", None) if run is None else ("cpu", run)
         if x.device.type == "cuda" and triton_available() and x.dtype != torch.float64:
-            return "triton"
-        return "reference"
+            return "triton", None
+        return "reference", None
     if impl not in IMPLS:
         fail("impl", f"None or one of {IMPLS}", impl)
     if impl in ("reference", "compiled"):
-        return impl
+        return impl, None
     if not default_compute:
         fail("impl", f"'reference' or 'compiled' for compute_dtype={compute_dtype}", impl)
+    if impl == "cpu" and not fits(rotary_dim, x.shape[-1]):
+        fail("impl", f"'cpu' with rotary_dim <= {MAX_ROTARY_DIM} and head_dim <= {MAX_HEAD_DIM}",
+             Raw(f"rotary_dim {rotary_dim}, head_dim {x.shape[-1]}"))
     if _compiling():
-        return impl  # traced: the custom op's implementation says at run time if its kernel cannot build
+        return impl, None  # traced: the custom op's implementation says at run time if its kernel cannot build
     if _transformed(x, *others):
         fail("impl", "'reference' or None under a torch.func transform (vmap, grad, jvp)", impl)
     if impl == "cpu":
         if x.device.type != "cpu":
             fail("impl", f"'cpu' with CPU tensors (q is on {x.device})", impl)
-        cpu.require(x.dtype)  # raises, saying why, when it cannot run
-    else:  # triton
-        if not triton_available():
-            fail("impl", "'triton' with the triton package installed (pip install posenc[triton])", impl)
-        if x.device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
-            fail("impl", f"'triton' with CUDA tensors (q is on {x.device}; TRITON_INTERPRET=1 runs it on CPU)", impl)
-        if x.dtype not in (torch.float32, torch.bfloat16, torch.float16):
-            fail("impl", f"'triton' with float32, bfloat16 or float16 (got {x.dtype})", impl)
-    return impl
+        run = cpu.entry(x.dtype)
+        if run is None:
+            why = cpu.unavailable()
+            if why is not None:
+                fail("impl", "'cpu' to be buildable", Raw(why))
+            fail("impl", "'cpu' with float32, bfloat16, float64 or float16 (where the compiler has _Float16)",
+                 Raw(str(x.dtype)))
+        return impl, run
+    if not triton_available():
+        fail("impl", "'triton' with the triton package installed (pip install posenc[triton])", impl)
+    if x.device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
+        fail("impl", f"'triton' with CUDA tensors (q is on {x.device}; TRITON_INTERPRET=1 runs it on CPU)", impl)
+    if x.dtype not in (torch.float32, torch.bfloat16, torch.float16):
+        fail("impl", f"'triton' with float32, bfloat16 or float16 (got {x.dtype})", impl)
+    return impl, None
 
 
 def _view4(x: torch.Tensor, layout: str) -> torch.Tensor:
@@ -134,29 +146,17 @@ def rotate(q: torch.Tensor, k: torch.Tensor | None, cos: torch.Tensor, sin: torc
     Returns:
         `(q_rotated, k_rotated)` (k_rotated None when k is None): q and k themselves when `inplace`.
     """
-    lib = None
-    compiling = torch.compiler.is_compiling()
-    if (impl is None and compute_dtype is None and q.is_cpu and not compiling
-            and not _transformed(q, k, cos, rows)):  # the hot path (torch.func wrappers: resolve_impl says reference)
-        lib = cpu.library_for(q.dtype)
-        name = "reference" if lib is None else "cpu"
-    else:
-        name = resolve_impl(impl, q, compute_dtype, k, cos, rows)
-    if name == "cpu" and not cpu.fits(2 * cos.shape[-1], q.shape[-1]):
-        if impl is not None:
-            fail("impl", f"'cpu' with rotary_dim <= {cpu.MAX_ROTARY_DIM} and head_dim <= {cpu.MAX_HEAD_DIM}",
-                 Raw(f"rotary_dim {2 * cos.shape[-1]}, head_dim {q.shape[-1]}"))
-        name = "reference"  # the default: the reference handles any width
-    if k is not None and k.dtype != q.dtype:  # one kernel call per dtype
-        opts = dict(inplace=inplace, impl=name, layout=layout, compute_dtype=compute_dtype, rows_arg=rows_arg)
+    if k is not None and k.dtype != q.dtype:  # one kernel call per dtype, each chosen for its tensor
+        opts = dict(inplace=inplace, impl=impl, layout=layout, compute_dtype=compute_dtype, rows_arg=rows_arg)
         return rotate(q, None, cos, sin, rows, pairing, **opts)[0], rotate(k, None, cos, sin, rows, pairing, **opts)[0]
+    name, run = choose(impl, q, compute_dtype, 2 * cos.shape[-1], k, cos, rows)
     if name in ("reference", "compiled"):
         xs = [x for x in (q, k) if x is not None]
         if rows is not None:
             check_rows(rows, cos.shape[0], rows_arg)
             cos, sin = cos[rows], sin[rows]  # [t, r/2] or [b, t, r/2]
         if name == "compiled":
-            from ..kernels.compiled import apply_rope_compiled as fn
+            from .compiled import apply_rope_compiled as fn
         else:
             fn = apply_rope
         outs = [fn(x, cos, sin, pairing=pairing, layout=layout, compute_dtype=compute_dtype) for x in xs]
@@ -167,7 +167,7 @@ def rotate(q: torch.Tensor, k: torch.Tensor | None, cos: torch.Tensor, sin: torc
     grad = torch.is_grad_enabled() and (q.requires_grad or (k is not None and k.requires_grad))
     q4 = _view4(q, layout)  # [b, hq, t, d]
     k4 = _view4(k, layout) if k is not None else None  # [b, hk, t, d]
-    if name == "cpu" and not grad and not compiling:
+    if run is not None and not grad:  # the C kernel, called here through ctypes
         if rows is None:
             cos, sin, rows = _per_token_rows(cos, sin)
         if inplace:
@@ -175,13 +175,14 @@ def rotate(q: torch.Tensor, k: torch.Tensor | None, cos: torch.Tensor, sin: torc
         else:
             q_out, k_out = torch.empty_like(q), None if k is None else torch.empty_like(k)
         ret = cpu.rope(q4, k4, _view4(q_out, layout), None if k is None else _view4(k_out, layout), cos, sin,
-                       rows if rows.is_contiguous() else rows.contiguous(), pairing, lib=lib)
+                       rows if rows.is_contiguous() else rows.contiguous(), pairing, run=run)
         if ret != 0:
             _kernel_refused(ret, rows, cos.shape[0], rows_arg)
         if inplace:  # the kernel wrote through ctypes: tell autograd, as a torch in-place op would
             torch.autograd.graph.increment_version(q if k is None else (q, k))
         return q_out, k_out
 
+    # the custom ops: autograd (cpu, triton), torch.compile (cpu), or Triton
     if rows is None:
         cos, sin, rows = _per_token_rows(cos, sin)
     else:
@@ -245,8 +246,8 @@ def rotate_held(q: torch.Tensor, k: torch.Tensor, rows: torch.Tensor, held: tupl
         rows_b = t if rs[0] > 1 else 0
     else:
         return None
-    lib = cpu.library_for(dtype)
-    if lib is None:
+    run = cpu.entry(dtype)
+    if run is None:
         return None
     try:
         qp, kp, rp, q4, k4 = q.data_ptr(), k.data_ptr(), rows.data_ptr(), q.stride(), k.stride()  # layout's dims
@@ -263,7 +264,7 @@ def rotate_held(q: torch.Tensor, k: torch.Tensor, rows: torch.Tensor, held: tupl
         flags = cpu.FLAG_HUGE_PAGES if large and cpu.huge_pages_allowed() else 0
     if layout == "bthd":  # strides over [b, h, t, d]: dims 1 and 2 swap
         q4, k4, qo4, ko4 = ((s[0], s[2], s[1], s[3]) for s in (q4, k4, qo4, ko4))
-    ret = lib.posenc_rope(cpu.pack_args(
+    ret = run(cpu.pack_args(
         qp, qop, kp, kop, cos, sin, rp, b, hq, hk, t, d, *q4, *qo4, *k4, *ko4, n, half, rows_b,
         cpu.DTYPES[dtype], pairing, _num_threads(), flags))
     if ret != 0:
@@ -277,4 +278,4 @@ def _kernel_refused(ret: int, rows: torch.Tensor, n: int, rows_arg: str):
     """The kernel wrote nothing: a row outside the table (raised by `check_rows`, by name) or a bug."""
     if ret != cpu.BAD_ARGUMENTS:
         check_rows(rows, n, rows_arg)
-    raise RuntimeError(f"posenc cpu kernel refused its arguments (code {ret}; a bug: the router checks them)")
+    raise RuntimeError(f"posenc cpu kernel refused its arguments (code {ret}; a bug: dispatch checks them)")

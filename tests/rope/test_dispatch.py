@@ -1,0 +1,66 @@
+"""`posenc.rope.dispatch`: the implementation is chosen once, with one question to the C kernel (`cpu.entry`),
+and then one kernel call runs; a named implementation that cannot run is refused by name."""
+
+import pytest
+import torch
+
+from posenc import PosencError, Rope
+from posenc.kernels import cpu
+from posenc.rope import dispatch
+
+pytestmark = pytest.mark.skipif(not cpu.available(), reason="no C compiler for the cpu kernel")
+
+
+@pytest.fixture
+def calls(monkeypatch):
+    """Every function of `posenc.kernels.cpu` wrapped to count its calls (by name)."""
+    counted = {}
+    for name in cpu.__all__:
+        fn = getattr(cpu, name)
+        if callable(fn) and not isinstance(fn, type):
+            def counting(*args, _fn=fn, _name=name, **kwargs):
+                counted[_name] = counted.get(_name, 0) + 1
+                return _fn(*args, **kwargs)
+
+            monkeypatch.setattr(cpu, name, counting)
+    return counted
+
+
+@pytest.mark.parametrize("with_table", [False, True], ids=["no-table", "table"])
+@pytest.mark.parametrize("inplace", [True, False], ids=["apply_", "apply"])
+def test_one_question_and_one_kernel_call_per_rotation(calls, with_table, inplace):
+    rope = Rope(head_dim=64)
+    q, k, pos = torch.randn(2, 4, 3, 64), torch.randn(2, 2, 3, 64), torch.tensor([7, 8, 9])
+    table = rope.table(16) if with_table else None
+    expected = rope.apply(q, k, pos, impl="reference")
+    calls.clear()
+    got = (rope.apply_ if inplace else rope.apply)(q, k, pos, table=table)
+    assert torch.equal(got[0], expected[0]) and torch.equal(got[1], expected[1])
+    # with a held table the hot path packs the struct itself (pack_args is the precompiled packer, not a question)
+    kernel_call = {"pack_args": 1} if with_table else {"rope": 1}
+    assert calls == {"entry": 1, **kernel_call}
+
+
+def test_choose_decides_once_and_names_what_cannot_run():
+    x = torch.randn(1, 1, 2, 64)
+    name, run = dispatch.choose(None, x, None, 64)
+    assert name == "cpu" and run is cpu.entry(torch.float32)
+    assert dispatch.choose("reference", x, None, 64) == ("reference", None)
+    assert dispatch.choose(None, x, torch.bfloat16, 64) == ("reference", None)  # another compute dtype
+    wide = torch.randn(1, 1, 2, 4100)
+    assert dispatch.choose(None, wide, None, 64) == ("reference", None)  # rows the kernel's buffers do not hold
+    with pytest.raises(PosencError, match=r"impl: expected 'cpu' with rotary_dim <= 2048 and head_dim <= 4096"):
+        dispatch.choose("cpu", wide, None, 64)
+    with pytest.raises(PosencError, match=r"impl: expected None or one of"):
+        dispatch.choose("fast", x, None, 64)
+    with pytest.raises(PosencError, match=r"impl: expected 'reference' or 'compiled' for compute_dtype"):
+        dispatch.choose("cpu", x, torch.bfloat16, 64)
+
+
+def test_mixed_dtypes_choose_per_tensor():
+    rope = Rope(head_dim=32)
+    q, k, pos = torch.randn(1, 2, 3, 32), torch.randn(1, 2, 3, 32).to(torch.bfloat16), torch.tensor([1, 2, 3])
+    got = rope.apply(q, k, pos)
+    ref = rope.apply(q, k, pos, impl="reference")
+    assert got[0].dtype == torch.float32 and got[1].dtype == torch.bfloat16
+    assert torch.equal(got[0], ref[0]) and torch.equal(got[1], ref[1])
