@@ -84,12 +84,14 @@ def kv_choice(args: argparse.Namespace) -> str | None:
 
 
 def run(args: argparse.Namespace) -> int:
+    import functools
+
     import torch
 
     from ..errors import Raw, fail
     from ..models import embedded_model_path
     from .checks.common import BUDGETS
-    from .engines import load_factory
+    from .engines import CheckpointReader, load_factory
     from .report import render_selftest, render_table, side_by_side, write_report
     from .runner import Progress, build_subject, parse_checks, run_checks, self_test
 
@@ -107,17 +109,18 @@ def run(args: argparse.Namespace) -> int:
     names = parse_checks(args.checks)
     model = args.model or embedded_model_path()
     dtype = getattr(torch, DTYPES[args.dtype])
-    factory, engine_name = load_factory(args.engine), args.engine
+    reader = CheckpointReader()  # one read of the checkpoint for every engine of the run
+    factory, engine_name = load_factory(args.engine, reader), args.engine
     if args.patch:
         if args.engine != "transformers" or args.self_test:
             fail("--patch", "--engine transformers (without --self-test)", Raw(f"--engine {args.engine}"))
         from .engines import transformers_patched_engine
 
-        factory, engine_name = transformers_patched_engine, "transformers+patch"
+        factory, engine_name = functools.partial(transformers_patched_engine, reader=reader), "transformers+patch"
     tokens = max(24000, 2 * budget.boundary_l0 + 4000, budget.short_len + 4000)
     start = time.perf_counter()
     subject, text = build_subject(model, factory, engine_name=engine_name, dtype=dtype, tokens=tokens,
-                                  kv_dtype=kv_dtype)
+                                  kv_dtype=kv_dtype, reader=reader)
     if kv_dtype is not None:
         from .checks.consistency import KV_EFFECT_FACTOR, logit_tol
 
@@ -131,15 +134,15 @@ def run(args: argparse.Namespace) -> int:
     with Progress() as progress:
         if args.self_test:
             def make(f: Any) -> Any:
-                return build_subject(model, f, engine_name="posenc", dtype=dtype, tokens=tokens)[0]
+                return build_subject(model, f, engine_name="posenc", dtype=dtype, tokens=tokens, reader=reader)[0]
             from .engines import posenc_engine
 
-            rows, selftest = self_test(make, budget, posenc_engine, progress)
+            rows, selftest = self_test(make, budget, functools.partial(posenc_engine, reader=reader), progress)
         else:
             stock = None
             if args.patch:  # the same rows on stock transformers first, for the side-by-side table
-                stock_subject = build_subject(model, load_factory("transformers"), engine_name="transformers",
-                                              dtype=dtype, tokens=tokens)[0]
+                stock_subject = build_subject(model, load_factory("transformers", reader), engine_name="transformers",
+                                              dtype=dtype, tokens=tokens, reader=reader)[0]
                 stock = run_checks(stock_subject, budget, names, progress, "stock ")
                 meta["stock_transformers"] = {r.name: r.status for r in stock}
             rows = run_checks(subject, budget, names, progress)

@@ -151,26 +151,30 @@ def self_test(make_subject: Callable[[Callable[..., Any]], Subject], budget: Bud
 
 
 def build_subject(model_path: str, factory: Callable[..., Any], *, engine_name: str, dtype: torch.dtype,
-                  tokens: int, kv_dtype: str | None = None) -> tuple[Subject, dict[str, Any]]:
+                  tokens: int, kv_dtype: str | None = None, reader: Any = None) -> tuple[Subject, dict[str, Any]]:
     """The subject for a checkpoint: config and tokenizer from posenc's loader, the reference text, and
     the pairing reference (transformers on the same weights; posenc's decoder when testing transformers).
-    `kv_dtype` ("FORMAT:pre|post", posenc's engine only): every cache the engine makes is quantized."""
+    `kv_dtype` ("FORMAT:pre|post", posenc's engine only): every cache the engine makes is quantized.
+    `reader`: the run's `CheckpointReader` (config and reference engines read through it; None: a new one)."""
+    import functools
     import importlib.util
 
     from ..models import load_tokenizer
     from . import engines
     from .text import text_ids
 
-    config = engines.model_config(model_path)
+    reader = reader or engines.CheckpointReader()
+    config = reader.config(model_path)
     try:
         tokenizer = load_tokenizer(model_path)
     except Exception:  # a checkpoint without a tokenizer (tiny test models): random ids, no position-scan
         tokenizer = None
     ids, facts = text_ids(tokenizer, tokens, vocab_size=config["vocab_size"])
     if engine_name.startswith("transformers"):  # stock or patched: posenc's decoder is the other implementation
-        reference = engines.posenc_engine
+        reference = functools.partial(engines.posenc_engine, reader=reader)
     else:
-        reference = engines.transformers_engine if importlib.util.find_spec("transformers") else None
+        reference = (functools.partial(engines.transformers_engine, reader=reader)
+                     if importlib.util.find_spec("transformers") else None)
     if kv_dtype is not None:
         factory = engines.with_kv_dtype(factory, kv_dtype)
     subject = Subject(factory, model_path, config, ids, tokenizer=tokenizer, reference=reference, dtype=dtype,

@@ -13,7 +13,8 @@ pytest.importorskip("safetensors")
 
 from posenc.verify import run_checks  # noqa: E402
 from posenc.verify.engines.hosted import (HostedLogitsEngine, HostedScoringEngine, RuleNotImplemented,  # noqa: E402
-                                          SharedProcess, llamacpp_params, vllm_overrides)
+                                          SharedProcess, llamacpp_params)
+from posenc.verify.engines.vllm_client import vllm_overrides  # noqa: E402
 from posenc.verify.engines.process import EngineProcess  # noqa: E402
 from tests.helpers.verify_tiny import BUDGET, save_tiny, subject  # noqa: E402
 

@@ -17,7 +17,7 @@ import torch
 from .output import CheckedEngine, vocab_of
 
 __all__ = ["Row", "Subject", "Budget", "BUDGETS", "boundary_rules", "short_rules", "max_diff", "worst",
-           "within", "spread", "top1_agree", "token_nll", "chunked_forward"]
+           "within", "spread", "top1_agree", "token_nll"]
 
 
 @dataclass
@@ -216,15 +216,6 @@ def token_nll(logits: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
         logp = torch.log_softmax(logits[0, i:min(i + 1024, logits.shape[1] - 1)].double(), dim=-1)  # [c, v]
         out.append(-logp.gather(1, ids[0, i + 1:i + 1 + logp.shape[0], None]).squeeze(1))
     return torch.cat(out)
-
-
-@torch.no_grad()
-def chunked_forward(engine: Any, ids: torch.Tensor, chunk: int = 0) -> torch.Tensor:
-    """Logits of one full forward over `ids [1, t]` (chunk > 0: prefill through a cache in chunks)."""
-    if chunk <= 0 or ids.shape[1] <= chunk:
-        return engine.forward(ids)
-    cache = engine.new_cache(1, ids.shape[1])
-    return torch.cat([engine.forward(ids[:, i:i + chunk], cache=cache) for i in range(0, ids.shape[1], chunk)], 1)
 
 
 def fmt(x: float) -> str:

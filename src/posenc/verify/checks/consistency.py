@@ -2,7 +2,7 @@
 
 Each compares two computations that must give the same logits when positions are handled right, so
 the threshold is float32 noise: `LOGIT_TOL` (1e-4 in float32). Two correct float32 implementations of
-SmolLM2 differ by 5.5e-5 over 200 tokens and prefill vs decode by 6.1e-5 (issue #9); a position that is
+SmolLM2 differ by 5.5e-5 over 200 tokens and prefill vs decode by 6.1e-5 (measured on the embedded model); a position that is
 off by one, or keys carrying the wrong rotation, move logits by 1e-2 to 1 and more.
 """
 

@@ -23,16 +23,18 @@ Foreign engines (llama-cpp, vllm) run out of process in their own virtual enviro
 
 from __future__ import annotations
 
+import functools
 import importlib
 from typing import Any, Callable
 
 import torch
 
 from ...errors import fail
+from .checkpoint import CheckpointReader
 
 __all__ = ["ENGINES", "load_factory", "posenc_engine", "transformers_engine", "transformers_patched_engine",
            "llamacpp_engine", "vllm_engine", "with_kv_dtype",
-           "split_scaling", "model_config"]
+           "split_scaling", "model_config", "CheckpointReader"]
 
 
 def split_scaling(rope_scaling: dict | None) -> tuple[dict | None, int | None]:
@@ -43,24 +45,9 @@ def split_scaling(rope_scaling: dict | None) -> tuple[dict | None, int | None]:
     return params, rope_scaling.get("max_position_embeddings")
 
 
-_READ: dict[tuple[str, str], tuple[dict[str, Any], dict[str, torch.Tensor]]] = {}
-
-
-def read_once(model_path: str, dtype: torch.dtype) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
-    """posenc's loader `read_checkpoint`, memoised for the last checkpoint (engines for several rules share
-    the tensors; nothing writes to them)."""
-    from ...models.loading import read_checkpoint
-
-    key = (str(model_path), str(dtype))
-    if key not in _READ:
-        _READ.clear()
-        _READ[key] = read_checkpoint(model_path, dtype=dtype)
-    return _READ[key]
-
-
-def model_config(model_path: str) -> dict[str, Any]:
+def model_config(model_path: str, reader: CheckpointReader | None = None) -> dict[str, Any]:
     """The checkpoint's transformers `config.json` dict (read by posenc's loader; GGUF or directory)."""
-    return dict(read_once(model_path, torch.float32)[0])
+    return (reader or CheckpointReader()).config(model_path)
 
 
 def config_with(cfg: dict[str, Any], rope_scaling: dict | None) -> dict[str, Any]:
@@ -77,11 +64,13 @@ def config_with(cfg: dict[str, Any], rope_scaling: dict | None) -> dict[str, Any
     return cfg
 
 
-def posenc_engine(model_path: str, rope_scaling: dict | None, dtype: torch.dtype) -> Any:
-    """posenc's own `Decoder` (it follows the protocol as it is), sdpa attention."""
+def posenc_engine(model_path: str, rope_scaling: dict | None, dtype: torch.dtype, *,
+                  reader: CheckpointReader | None = None) -> Any:
+    """posenc's own `Decoder` (it follows the protocol as it is), sdpa attention; the tensors from `reader`
+    (None: read from disk for this engine alone)."""
     from ...models import Decoder
 
-    cfg, state = read_once(model_path, dtype)
+    cfg, state = (reader or CheckpointReader()).read(model_path, dtype)
     cfg = config_with(cfg, rope_scaling)
     with torch.device("meta"):  # every parameter comes from the checkpoint
         model = Decoder.from_hf_config(cfg)
@@ -140,24 +129,27 @@ class TransformersEngine:
     __call__ = forward
 
 
-def transformers_engine(model_path: str, rope_scaling: dict | None, dtype: torch.dtype) -> TransformersEngine:
+def transformers_engine(model_path: str, rope_scaling: dict | None, dtype: torch.dtype, *,
+                        reader: CheckpointReader | None = None) -> TransformersEngine:
     """transformers' `LlamaForCausalLM` (its own forward, rotary module and cache) from the config, on the
-    tensors posenc's loader reads (`posenc.models.to_transformers`; no accelerate)."""
+    tensors posenc's loader reads (`posenc.models.to_transformers`; no accelerate; `reader` as for
+    `posenc_engine`)."""
     from transformers.utils import logging
 
     from ...models import to_transformers
 
     logging.set_verbosity_error()
-    return TransformersEngine(to_transformers(posenc_engine(model_path, rope_scaling, dtype)))
+    return TransformersEngine(to_transformers(posenc_engine(model_path, rope_scaling, dtype, reader=reader)))
 
 
 def transformers_patched_engine(model_path: str, rope_scaling: dict | None, dtype: torch.dtype,
-                                policy: str = "recompute") -> TransformersEngine:
+                                policy: str = "recompute", *, reader: CheckpointReader | None = None
+                                ) -> TransformersEngine:
     """`transformers_engine` with `posenc.integrations.transformers.patch(model, policy=policy)` applied
     (`posenc verify --engine transformers --patch`)."""
     from ...integrations.transformers import patch
 
-    engine = transformers_engine(model_path, rope_scaling, dtype)
+    engine = transformers_engine(model_path, rope_scaling, dtype, reader=reader)
     patch(engine.model, policy=policy)
     return engine
 
@@ -199,8 +191,11 @@ ENGINES: dict[str, Callable[..., Any]] = {
     "vllm": vllm_engine}
 
 
-def load_factory(spec: str) -> Callable[..., Any]:
+def load_factory(spec: str, reader: CheckpointReader | None = None) -> Callable[..., Any]:
     """`posenc | transformers | llama-cpp | vllm | openai:URL | MODULE:FACTORY` -> the factory callable.
+
+    `reader`: the run's `CheckpointReader`; the factories that read the checkpoint in this process
+    (posenc, transformers, vllm's config) share it. None: `ENGINES[spec]` itself, reading per engine.
 
     Raises:
         PosencError: an unknown name, a module that does not import, or a missing or non-callable factory.
@@ -208,7 +203,9 @@ def load_factory(spec: str) -> Callable[..., Any]:
     if spec == "vllm":  # one host process for every rule of the run (ENGINES["vllm"] starts one per engine)
         from .vllm_client import VLLMFactory
 
-        return VLLMFactory()
+        return VLLMFactory(reader=reader)
+    if spec in ("posenc", "transformers") and reader is not None:
+        return functools.partial(ENGINES[spec], reader=reader)
     if spec in ENGINES:
         return ENGINES[spec]
     if isinstance(spec, str) and spec.startswith("openai:"):

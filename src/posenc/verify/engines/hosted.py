@@ -24,7 +24,7 @@ from ...errors import PosencError
 from .process import EngineFailure, EngineProcess
 
 __all__ = ["RuleNotImplemented", "HostedLogitsEngine", "HostedScoringEngine", "SharedProcess", "llamacpp_params",
-           "llamacpp_engine", "vllm_engine", "VLLMFactory", "check_engine_output", "engine_timeout"]
+           "llamacpp_engine", "check_engine_output", "engine_timeout"]
 
 HERE = Path(__file__).resolve().parent
 
@@ -246,11 +246,3 @@ def llamacpp_engine(model_path: str, rope_scaling: dict | None, dtype: torch.dty
                          timeout=engine_timeout(), load_timeout=3 * engine_timeout())
     return HostedLogitsEngine(proc)
 
-
-def __getattr__(name: str) -> Any:
-    """The vLLM client moved to `vllm_client.py`; its names stay importable from here (lazily: it imports us)."""
-    if name in ("vllm_engine", "vllm_overrides", "VLLMFactory"):
-        from . import vllm_client
-
-        return getattr(vllm_client, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

