@@ -120,7 +120,7 @@ def test_read_checkpoint_passes_rope_scaling_to_a_llama3_style_gguf(tmp_path):
     with pytest.raises(PosencError, match="rope_scaling: expected a rule for this file's per-frequency factors"):
         Decoder.from_pretrained(with_freqs)
     model = Decoder.from_pretrained(with_freqs, rope_scaling=rule)
-    assert type(model.rope.scaling).__name__ == "Llama3" and model.config["rope_scaling"]["factor"] == 8.0
+    assert type(model.rope.scaling).__name__ == "Llama3" and model.config["rope_parameters"]["factor"] == 8.0
     twin = Decoder.from_pretrained(write_gguf(tmp_path / "plain.gguf"), rope_scaling=rule)  # same weights and rule
     ids = torch.arange(20)[None] % VOCAB
     with torch.no_grad():

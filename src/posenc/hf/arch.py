@@ -1,8 +1,9 @@
-"""The decoder family a transformers config describes, as `posenc.models.arch.Arch` (norms, q/k norm,
-multipliers, soft-caps, per-layer RoPE / window / chunk / query temperature), or a refusal that says why.
+"""The decoder a transformers config describes: its family as an `Arch` (`posenc.hf.family`: norms, q/k norm,
+multipliers, soft-caps, per-layer RoPE / window / chunk / query temperature), or a refusal that says why, and
+`decoder_config`, the keyword arguments `posenc.models.Decoder.from_hf_config` builds the decoder from.
 
-Built: the Llama family as before (llama, mistral, qwen2 and types outside the tables below: `None`, plain
-Llama blocks), and qwen3, gemma2, gemma3_text, olmo2, olmo3, granite, smollm3, llama4_text (dense layers only),
+Built: the Llama family (llama, mistral, qwen2 and types outside the tables below: Llama's `Arch` with the
+config's sliding windows), and qwen3, gemma2, gemma3_text, olmo2, olmo3, granite, smollm3, llama4_text (dense layers only),
 gpt_oss (attention sinks, its mixture of clamped-SwiGLU experts), ministral3 (query temperature on every layer).
 Refused by name: families whose layers need more than these facts (other mixture-of-experts MLPs, fused or
 parallel blocks, LayerNorm), in `REFUSED`.
@@ -23,11 +24,12 @@ import torch
 from ..errors import Raw, boolean, fail, integer, real
 from ..rope.spec import Rope
 from .conventions import config_int, config_to_dict, layer_type_list
-from .facts import layer_windows
-from .layers import layer_ropes
+from .facts import decoder_sizes, layer_windows
+from .family import Arch, LayerSpec, MoESpec, llama_arch
+from .layers import layer_ropes, rope_from_hf_config
 from .temperature import layer_temperatures
 
-__all__ = ["decoder_arch", "FAMILIES", "REFUSED"]
+__all__ = ["decoder_arch", "decoder_config", "FAMILIES", "REFUSED"]
 
 FAMILIES = ("qwen3", "gemma2", "gemma3_text", "olmo2", "olmo3", "granite", "smollm3", "llama4_text", "gpt_oss",
             "ministral3")
@@ -60,20 +62,42 @@ _DEFAULTS: dict[str, dict[str, Any]] = {
 }
 
 
-def decoder_arch(config: Any) -> tuple[Any, Rope | None]:
-    """`(Arch or None, the shared Rope or None)` for `Decoder.from_hf_config`.
+def decoder_config(config: Any, *, encoding: Any = None) -> tuple[dict[str, Any], dict[str, Any]]:
+    """`(config dict, keyword arguments of posenc.models.Decoder)` for `Decoder.from_hf_config`.
+
+    Args:
+        config: a config.json dict or a transformers `PretrainedConfig` (model_type defaults to "llama").
+        encoding: the positional scheme to use, or None for the config's RoPE (the shared one, or None when
+            each layer applies its own).
+    Returns:
+        The config as a dict, and the decoder's sizes and flags (`posenc.hf.facts.decoder_sizes`), `arch`
+        and `encoding`.
+    Raises:
+        PosencError: as `decoder_sizes`, `decoder_arch` and `rope_from_hf_config`.
+    """
+    cfg = config_to_dict(config)
+    cfg.setdefault("model_type", "llama")
+    sizes = decoder_sizes(cfg)
+    arch, shared = decoder_arch(cfg)
+    sizes.pop("layer_windows")  # the arch holds them
+    if encoding is None:
+        encoding = rope_from_hf_config(cfg) if arch.family not in FAMILIES else shared
+    return cfg, {**sizes, "arch": arch, "encoding": encoding}
+
+
+def decoder_arch(config: Any) -> tuple[Arch, Rope | None]:
+    """`(Arch, the shared Rope or None)` of the decoder a config describes.
 
     Args:
         config: a config.json dict or a transformers `PretrainedConfig` (model_type defaults to "llama").
     Returns:
-        `(None, None)` for the plain Llama family (the caller builds its Rope as before); otherwise the `Arch`
-        and the one Rope every layer shares, or None when layers differ (each `LayerSpec.rope` is then set).
+        The `Arch` and the one Rope every layer shares, or None when layers differ (each `LayerSpec.rope` is then
+        set). The Llama family (types outside `FAMILIES`): Llama's `Arch` with the config's sliding windows and
+        None (its one Rope is `rope_from_hf_config(config)`).
     Raises:
         PosencError: a family in `REFUSED` (the message says why), Llama 4 configs with MoE layers, an
             unsupported activation, invalid multipliers or soft-caps, or any error of `posenc.hf.layer_ropes`.
     """
-    from ..models.arch import Arch, LayerSpec, MoESpec
-
     cfg = config_to_dict(config)
     model_type = cfg.get("model_type") or "llama"
     if model_type in REFUSED:
@@ -84,7 +108,7 @@ def decoder_arch(config: Any) -> tuple[Any, Rope | None]:
         if any(t is not None for t in layer_temperatures(cfg)):  # a query temperature the Llama blocks would drop
             fail("config['model_type']", f"a family posenc's decoder builds with its query temperature "
                  f"({', '.join(FAMILIES)})", Raw(f"{model_type!r}, whose attention scales q by position"))
-        return None, None
+        return llama_arch(layer_windows(cfg, config_int(cfg, "num_hidden_layers")), model_type), None
     defaults = _DEFAULTS.get(model_type, {})
 
     def get(key: str) -> Any:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Mapping
 
-from ..errors import PosencError, Raw, fail
+from ..errors import Raw, fail
 from ..rope.spec import Rope
 from .conventions import (MISSING, NON_ROPE_MODEL_TYPES, Convention, config_int, config_to_dict, convention,
                           layer_type_list, positional_layer, text_config)
@@ -24,7 +24,7 @@ from .rope import build_rope, rope_type_of
 __all__ = ["rope_from_hf_config", "layer_ropes", "rope_by_layer_type"]
 
 _LAYER_TYPES = ("full_attention", "sliding_attention")
-_Params = tuple[Any, str]  # (a rope-parameter dict, None for a NoPE layer, or the PosencError it raises; where)
+_Params = tuple[Any, str]  # (a rope-parameter dict or None for a NoPE layer; where it was read)
 
 
 def _text(config: Any) -> tuple[dict[str, Any], Convention]:
@@ -47,16 +47,9 @@ def _text(config: Any) -> tuple[dict[str, Any], Convention]:
     return cfg, conv
 
 
-def _error(arg: str, expected: str, got: Any) -> PosencError:
-    """The error `fail` would raise, kept to raise only if that layer type's Rope is asked for."""
-    try:
-        fail(arg, expected, got)
-    except PosencError as e:
-        return e
-
-
 def _layer_params(cfg: dict[str, Any], conv: Convention) -> dict[str | None, _Params]:
-    """`{layer type (None: every layer): (params, where)}` as the model's config class resolves them."""
+    """`{layer type (None: every layer): (params, where)}` as the config gives them; a Gemma 3 / OLMo 3 style
+    model (`conv.local_theta`) has both layer types, resolved when built (`_local_params`)."""
     scaling, params = cfg.get("rope_scaling"), cfg.get("rope_parameters")
     for key, value in (("rope_scaling", scaling), ("rope_parameters", params)):
         if value is not None and not isinstance(value, Mapping):
@@ -72,32 +65,41 @@ def _layer_params(cfg: dict[str, Any], conv: Convention) -> dict[str | None, _Pa
              "per-layer RoPE)", Raw(f"a flat dict with keys {sorted(params)}"))
     else:
         layers = {}
-    if conv.local_theta is None:
-        return layers
-    # Gemma 3 / OLMo 3 (config classes' convert_rope_params_to_dict): 4.x rope_scaling and rope_theta go to the
-    # full-attention layers; the sliding layers run the default rope at their own theta.
-    key, local_default = conv.local_theta
-    full = layers.get("full_attention", (None, ""))[0] or {"rope_type": "default"}
-    top_theta = cfg.get("rope_theta")
-    if scaling:
-        full = {**full, **scaling}
-        if scaling.get("rope_type") is None and rope_type_of(scaling, "config['rope_scaling']", conv) != "default":
-            full = _error("config['rope_scaling']['type']", f"'rope_type' ({cfg['model_type']} merges rope_scaling "
-                          "into its full-attention rope dict, where transformers 5.x reads only 'rope_type' and would "
-                          "silently run unscaled)", scaling["type"])
-    if isinstance(full, dict):
+    if conv.local_theta is not None:
+        for name in _LAYER_TYPES:
+            layers.setdefault(name, (None, f"config['rope_parameters']['{name}']"))
+    return layers
+
+
+def _local_params(cfg: dict[str, Any], conv: Convention, name: str, given: dict[str, Any] | None) -> _Params:
+    """Gemma 3 / OLMo 3 (config classes' convert_rope_params_to_dict): 4.x rope_scaling and rope_theta go to the
+    full-attention layers; the sliding layers run the default rope at their own theta.
+
+    Raises:
+        PosencError: a 4.x `type` key merged into the full-attention dict; a top-level rope_theta for sliding
+            layers whose theta the config does not name (4.x and 5.x apply different ones).
+    """
+    scaling, top_theta = cfg.get("rope_scaling"), cfg.get("rope_theta")
+    if name == "full_attention":
+        full = dict(given or {"rope_type": "default"})
+        if scaling:
+            full = {**full, **scaling}
+            if scaling.get("rope_type") is None and rope_type_of(scaling, "config['rope_scaling']", conv) != "default":
+                fail("config['rope_scaling']['type']", f"'rope_type' ({cfg['model_type']} merges rope_scaling into "
+                     "its full-attention rope dict, where transformers 5.x reads only 'rope_type' and would silently "
+                     "run unscaled)", scaling["type"])
         full.setdefault("rope_theta", conv.default_theta if top_theta is None else top_theta)
-    layers["full_attention"] = (full, "config['rope_scaling']" if scaling else "config['rope_parameters']['full_attention']")
-    sliding = layers.get("sliding_attention", (None, ""))[0] or {"rope_type": "default"}
+        return full, "config['rope_scaling']" if scaling else "config['rope_parameters']['full_attention']"
+    key, local_default = conv.local_theta
+    sliding = dict(given or {"rope_type": "default"})
     if "rope_theta" not in sliding:
         local = cfg.get(key) if key is not None else None
+        if local is None and key is None and top_theta is not None and top_theta != local_default:
+            fail("config['rope_theta']", f"{local_default} or 5.x rope_parameters per layer type for the "
+                 f"sliding-window layers of {cfg['model_type']} (transformers 4.x applied rope_theta there too, 5.x "
+                 f"applies {local_default}; posenc will not guess)", top_theta)
         sliding["rope_theta"] = local_default if local is None else local
-        if key is None and top_theta is not None and top_theta != local_default:
-            sliding = _error("config['rope_theta']", f"{local_default} or 5.x rope_parameters per layer type for "
-                             f"the sliding-window layers of {cfg['model_type']} (transformers 4.x applied rope_theta "
-                             f"there too, 5.x applies {local_default}; posenc will not guess)", top_theta)
-    layers["sliding_attention"] = (sliding, "config['rope_parameters']['sliding_attention']")
-    return layers
+    return sliding, "config['rope_parameters']['sliding_attention']"
 
 
 def _rotating(cfg: Mapping[str, Any], conv: Convention, layer_type: str | None, index: int | None) -> bool:
@@ -177,8 +179,8 @@ def _builders(cfg: dict[str, Any], conv: Convention) -> dict[str | None, Callabl
                      "a table per attention branch, which posenc.hf does not model; build each Rope from its dict)",
                      MISSING)
             params, where = layers.get(key, layers.get(None))
-            if isinstance(params, PosencError):
-                raise params
+            if conv.local_theta is not None and key in _LAYER_TYPES:
+                params, where = _local_params(cfg, conv, key, params)
             return None if params is None else build_rope(_layer_cfg(cfg, name), conv, params, where)
         return build
 

@@ -1,6 +1,8 @@
-"""The decoder's blocks for families described by an `Arch` (Qwen 3, Gemma 2/3, OLMo 2/3, Granite, SmolLM 3,
-Llama 4): the same attention over a `KVCache` and gated MLP as Llama's, with the family's facts read from
-the `Arch` value, never from a per-family class. Parameter names are transformers' for each family.
+"""The decoder's one set of blocks, for every family an `Arch` describes (Llama, Mistral, Qwen 2/3, Gemma 2/3,
+OLMo 2/3, Granite, SmolLM 3, Llama 4, gpt-oss): RMS norms, GQA attention over a `KVCache`, a gated MLP, with
+the family's facts read from the `Arch` value, never from a per-family class. Parameter names are
+transformers' for each family (Llama: `input_layernorm`, `self_attn.q_proj`, ..., `mlp.gate_proj`, ...), so
+checkpoints map one to one. `Step` is what every layer of one forward shares.
 
     >>> norm = Norm(4, eps=0.0, kind="offset")  # Gemma: weights start at 0 and multiply by (1 + w)
     >>> norm(torch.tensor([[3.0, 3.0, 3.0, 3.0]])).tolist()
@@ -9,6 +11,7 @@ the `Arch` value, never from a per-family class. Parameter names are transformer
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -17,11 +20,41 @@ from torch import nn
 from ..attention import apply_temperature
 from ..cache import KVCache
 from ..rope import dispatch
-from .arch import NORM_NAMES, Arch, LayerSpec
-from .layers import Step
+from ..hf.family import NORM_NAMES, Arch, LayerSpec
 from .moe import MoE
 
-__all__ = ["Norm", "GatedMLP", "ArchAttention", "ArchLayer"]
+__all__ = ["Step", "Norm", "GatedMLP", "ArchAttention", "ArchLayer", "build_layers"]
+
+
+@dataclass(frozen=True)
+class Step:
+    """What every layer of one forward shares (built once per forward by the decoder).
+
+    Attributes:
+        attend: `attend(q, k, v, window, chunk=None, sinks=None) -> [b, hq, t, dv]`, this forward's attention
+            with its masks (built once from logical positions; see `posenc.models.attend`).
+        pairing: the shared RoPE's pairing, or None without one.
+        cos, sin: `[b, t, r/2]` shared RoPE tables of the new tokens (None without a shared RoPE).
+        key_tables: `(cos, sin)` `[b, w, r/2]` of the cached keys for unrotated storage, else None.
+        slots: `[b, t]` cache slot of each new token (-1 for padding), from `KVCache.reserve`; None
+            in a full forward without a cache (as are index and width).
+        index: `KVCache.write_index(slots)` (flat rows and slots), shared by every layer's write.
+        width: cache slots a read covers (`KVCache.read_width`, a host-side bound: no host sync).
+        positions: `[b, t]` logical positions of the new tokens (a query temperature reads them).
+        layer_tables: per layer, `(cos, sin)` `[b, t, r/2]` of a RoPE the layer applies itself, or None
+            (see `posenc.hf.family`); None when no layer has its own.
+    """
+
+    attend: Any
+    pairing: str | None = None
+    cos: torch.Tensor | None = None
+    sin: torch.Tensor | None = None
+    key_tables: tuple[torch.Tensor, torch.Tensor] | None = None
+    slots: torch.Tensor | None = None
+    index: Any = None
+    width: int | None = None
+    positions: torch.Tensor | None = None
+    layer_tables: tuple[tuple[torch.Tensor, torch.Tensor] | None, ...] | None = None
 
 
 class Norm(nn.Module):
@@ -103,7 +136,7 @@ class ArchAttention(nn.Module):
             q, k = dispatch.rotate(q, k, own[0], own[1], None, self.spec.rope.pairing)  # type: ignore[union-attr]
             if self.arch.qk_norm == "l2":  # Llama 4: after RoPE, on the layers that rotate (float32 tables
                 q, k = self.l2_norm(q), self.l2_norm(k)  # move the RMS by ~1e-8, so the order matters)
-        elif step.pairing is not None:  # the decoder's shared RoPE, as `layers.Attention`
+        elif step.pairing is not None:  # the decoder's shared RoPE: q here, k here or inside the cache
             rotate_k = cache is None or cache.rotates_at_write
             q, k_rot = dispatch.rotate(q, k if rotate_k else None, step.cos, step.sin, None, step.pairing)
             k = k_rot if rotate_k else k  # [b, hk, t, d]
@@ -142,10 +175,11 @@ class ArchLayer(nn.Module):
         return x if name is None else getattr(self, name)(x)
 
     def forward(self, h: torch.Tensor, layer: int, step: Step, cache: KVCache | None) -> torch.Tensor:
-        a = self.self_attn(self._norm("pre_attn", h), layer, step, cache)  # [b, t, hidden]
-        h = h + self._norm("post_attn", a) * self.arch.residual_scale
-        m = getattr(self, self.arch.mlp_name)(self._norm("pre_mlp", h))  # [b, t, hidden]
-        return h + self._norm("post_mlp", m) * self.arch.residual_scale
+        scale = self.arch.residual_scale
+        a = self._norm("post_attn", self.self_attn(self._norm("pre_attn", h), layer, step, cache))  # [b, t, hidden]
+        h = h + (a if scale == 1.0 else a * scale)
+        m = self._norm("post_mlp", getattr(self, self.arch.mlp_name)(self._norm("pre_mlp", h)))  # [b, t, hidden]
+        return h + (m if scale == 1.0 else m * scale)
 
 
 def build_layers(sizes: dict[str, Any], arch: Arch) -> nn.ModuleList:

@@ -21,13 +21,13 @@ exactly the silent pairing bug (the text still looks like English).
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from ..errors import Raw, fail, integer, real
+from ..hf.override import with_rope_rule
 from .files import check_layers
 
 __all__ = ["read_gguf", "gguf_metadata", "gguf_config", "permute_rows", "unpermute_rows", "ARCHITECTURES"]
@@ -196,9 +196,7 @@ def read_gguf(path: str | Path, *, dtype: torch.dtype = torch.float32, undo_perm
     shapes = {t.name: tuple(int(n) for n in t.shape) for t in reader.tensors}
     cfg = gguf_config(meta, shapes)
     if rope_scaling is not None:
-        if not isinstance(rope_scaling, Mapping):
-            fail("rope_scaling", "None or a transformers-style dict such as {'rope_type': 'llama3', ...}", rope_scaling)
-        cfg["rope_scaling"] = dict(rope_scaling)
+        cfg = with_rope_rule(cfg, rope_scaling)
     elif "rope_freqs.weight" in shapes:
         fail("rope_scaling", "a rule for this file's per-frequency factors (rope_freqs.weight, Llama-3 style), "
              "e.g. {'rope_type': 'llama3', ...} from the original config.json", None)

@@ -20,7 +20,8 @@ from typing import Any, Mapping
 
 import torch
 
-from ..errors import Raw, fail, integer
+from ..errors import Raw, fail
+from ..hf.override import with_rope_rule
 from .files import check_layers, read_config_json, read_safetensors
 
 __all__ = ["embedded_model_path", "load_pretrained", "posenc_state_dict", "read_checkpoint", "to_transformers",
@@ -77,27 +78,6 @@ def posenc_state_dict(state: Mapping[str, torch.Tensor], *, tied: bool) -> dict[
     return out
 
 
-def _with_rope_scaling(cfg: dict[str, Any], rope_scaling: Any) -> dict[str, Any]:
-    """`cfg` whose RoPE rule is `rope_scaling` (keeping the checkpoint's theta unless the rule gives one;
-    a `max_position_embeddings` key in the rule replaces the config's, as verify's dynamic rule needs)."""
-    if rope_scaling is None:
-        return cfg
-    if not isinstance(rope_scaling, Mapping):
-        fail("rope_scaling", "None or a transformers-style dict such as {'rope_type': 'yarn', 'factor': 2.0}",
-             rope_scaling)
-    rule = dict(rope_scaling)
-    params = cfg.pop("rope_parameters", None)
-    cfg.pop("rope_scaling", None)
-    theta = rule.pop("rope_theta", cfg.get("rope_theta", (params or {}).get("rope_theta")))
-    if theta is not None:
-        cfg["rope_theta"] = theta
-    if "max_position_embeddings" in rule:  # dynamic NTK reads L0 from the config: the rule may lower it
-        cfg["max_position_embeddings"] = integer("rope_scaling['max_position_embeddings']",
-                                                 rule.pop("max_position_embeddings"), min=1)
-    cfg["rope_scaling"] = rule
-    return cfg
-
-
 def _read_directory(folder: Path, dtype: torch.dtype) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
     config_file = folder / "config.json"
     if not config_file.is_file():
@@ -129,7 +109,7 @@ def read_checkpoint(path: str | Path, *, dtype: torch.dtype = torch.float32, rop
         fail("dtype", "a floating-point torch.dtype the decoder computes in (float32, float64, bfloat16 or float16)",
              dtype)
     if rope_scaling is not None and not isinstance(rope_scaling, Mapping):  # before the file is read
-        _with_rope_scaling({}, rope_scaling)
+        with_rope_rule({}, rope_scaling)
     if not isinstance(path, (str, Path)):
         fail("path", "a .gguf file or transformers directory (a str or pathlib.Path)", type(path))
     file = Path(path)
@@ -137,6 +117,7 @@ def read_checkpoint(path: str | Path, *, dtype: torch.dtype = torch.float32, rop
         fail("path", "an existing .gguf file or transformers directory", str(path))
     if file.is_dir():
         cfg, state = _read_directory(file, dtype)
+        cfg = with_rope_rule(cfg, rope_scaling)
     else:
         from .gguf_checkpoint import read_gguf
 
@@ -144,7 +125,7 @@ def read_checkpoint(path: str | Path, *, dtype: torch.dtype = torch.float32, rop
     model_type = cfg.get("model_type")
     if model_type not in SUPPORTED_MODEL_TYPES:
         fail("config['model_type']", f"one of {SUPPORTED_MODEL_TYPES} (posenc's Llama-family decoder)", model_type)
-    return _with_rope_scaling(cfg, rope_scaling), state
+    return cfg, state
 
 
 def load_pretrained(cls: Any, path: str | Path, *, rope_scaling: Any = None, dtype: torch.dtype = torch.float32,

@@ -50,28 +50,15 @@ def model_config(model_path: str, reader: CheckpointReader | None = None) -> dic
     return (reader or CheckpointReader()).config(model_path)
 
 
-def config_with(cfg: dict[str, Any], rope_scaling: dict | None) -> dict[str, Any]:
-    """`cfg` with verify's rope override merged in (transformers' key names; theta kept unless given)."""
-    cfg = dict(cfg)
-    params, max_pos = split_scaling(rope_scaling)
-    if params is not None:
-        theta = params.get("rope_theta", cfg.get("rope_theta", (cfg.get("rope_parameters") or {}).get("rope_theta")))
-        cfg.pop("rope_scaling", None)  # transformers 4 spelling: the override lives in rope_parameters
-        cfg["rope_theta"] = theta
-        cfg["rope_parameters"] = {"rope_type": "default", **params, "rope_theta": theta}
-    if max_pos is not None:
-        cfg["max_position_embeddings"] = int(max_pos)
-    return cfg
-
-
 def posenc_engine(model_path: str, rope_scaling: dict | None, dtype: torch.dtype, *,
                   reader: CheckpointReader | None = None) -> Any:
     """posenc's own `Decoder` (it follows the protocol as it is), sdpa attention; the tensors from `reader`
     (None: read from disk for this engine alone)."""
+    from ...hf.override import with_rope_rule
     from ...models import Decoder
 
     cfg, state = (reader or CheckpointReader()).read(model_path, dtype)
-    cfg = config_with(cfg, rope_scaling)
+    cfg = with_rope_rule(cfg, rope_scaling)
     with torch.device("meta"):  # every parameter comes from the checkpoint
         model = Decoder.from_hf_config(cfg)
     model.load_state_dict(state, assign=True)
