@@ -172,12 +172,10 @@ class KVCache:
         """All or nothing: calls inside the block either all complete, or an exception leaves every tensor,
         statistic, block table and counter of the cache bit-identical to before the block (then it propagates).
 
-        Costs a copy of the bookkeeping (positions, tokens, lengths, tables: `[b, capacity]` integers), of the
-        entries each write overwrites (the new tokens' slots) and, the first time an edit touches the stores
-        inside the block (`grow`, `clear`, `keep`, a re-rotation...), of the stores. A nested block joins the
-        outer one. On an accelerator, value checks that run on the device (a quantized format's range) fail at
-        the next synchronisation, after the block: only what the host sees is undone. Under `torch.compile`
-        the block is a plain one (a compiled graph cannot keep an undo log; its checks run on the device).
+        Costs a copy of the bookkeeping, of the entries each write overwrites and, once, of the stores if an
+        edit touches them inside the block (`posenc.cache.transaction`). A nested block joins the outer one.
+        Device-side checks on an accelerator (a quantized format's range) fail at the next synchronisation,
+        after the block; under `torch.compile` the block is a plain one (a graph keeps no undo log).
 
             >>> import torch
             >>> cache = KVCache(1, 1, 1, 4, capacity=8)
