@@ -91,3 +91,22 @@ def test_a_rollback_past_the_raw_window_keeps_the_cut_blocks_codes():
     cache.rollback(9)  # keep 5 slots: block [4, 8) is cut at slot 5, below the window
     assert torch.equal(cache.k[0].read(5), before[:, :, :5])
     assert (cache.k[0].block[:, 4] >= 0).all()  # still encoded
+
+
+def test_a_forked_row_rolled_back_into_a_shared_block_leaves_its_twin_as_it_was():
+    """Beam search: row 1 forks row 0 (they share block ids), then row 1 drops 2 tokens of the shared last block:
+    row 1 reads as never having seen them, row 0 keeps its codes, and both keep appending exactly."""
+    gen = torch.Generator().manual_seed(2)
+    k, v = [tokens(gen, 9)] * B, [tokens(gen, 9)] * B
+    forked, fresh = make("int4"), make("int4")
+    append(forked, k, v, [9, 0])
+    forked.reorder(torch.tensor([0, 0]))
+    before = forked.k[0].read(9)[0]
+    forked.rollback(torch.tensor([0, 3]))  # row 1 keeps 6 of 9: block [4, 8) is cut, blocks are shared
+    append(fresh, k, v, [9, 6])
+    same(forked, fresh)
+    assert torch.equal(forked.k[0].read(9)[0], before)
+    more_k, more_v = [tokens(gen, 5) for _ in range(B)], [tokens(gen, 5) for _ in range(B)]
+    append(forked, more_k, more_v, [5, 5])
+    append(fresh, more_k, more_v, [5, 5])
+    same(forked, fresh)
