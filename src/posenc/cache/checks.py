@@ -21,7 +21,7 @@ import torch
 from ..errors import Raw, assert_values, check_float_tensor, fail, integer, integer_tensor, positions as check_positions
 from ..rope.spec import Rope
 
-__all__ = ["check_new_positions", "check_write", "check_layout", "check_tokens"]
+__all__ = ["check_new_positions", "check_write", "check_layout", "check_tokens", "check_model_cache"]
 
 
 def check_new_positions(positions: Any, mask: Any, last: torch.Tensor, free: torch.Tensor | None = None, *,
@@ -128,3 +128,34 @@ def check_tokens(tokens: Any, shape: torch.Size) -> None:
     if tokens is not None and (not isinstance(tokens, torch.Tensor) or tokens.shape != shape
                                or tokens.dtype.is_floating_point or tokens.dtype == torch.bool):
         fail("tokens", f"None or an integer tensor of shape {tuple(shape)}", tokens)
+
+
+def _same_device(a: torch.device, b: torch.device) -> bool:
+    return a.type == b.type and (a.index is None or b.index is None or a.index == b.index)
+
+
+def check_model_cache(cache: Any, dtype: torch.dtype, device: Any, num_layers: int, num_kv_heads: int,
+                      head_dim: int, arg: str = "cache") -> None:
+    """Refuse a cache that does not fit the model about to write to it, before anything is written.
+
+    Args:
+        cache: the `KVCache` a model's forward was given.
+        dtype, device: the model's compute dtype and device (what the cache's reads must return, where).
+        num_layers, num_kv_heads, head_dim: the model's layers, key/value heads and channels per head.
+        arg: the caller's name for the cache.
+    Raises:
+        PosencError: naming `arg`, saying what the model needs and what the cache holds.
+    """
+    from .kvcache import KVCache
+
+    if not isinstance(cache, KVCache):
+        fail(arg, "a posenc.cache.KVCache (e.g. from the model's new_cache)", cache)
+    want = dict(dtype=dtype, device=torch.device(device), layers=num_layers, kv_heads=num_kv_heads,
+                head_dim=head_dim)
+    have = dict(dtype=cache.dtype, device=cache.device, layers=cache.num_layers, kv_heads=cache.num_kv_heads,
+                head_dim=cache.head_dim)
+    bad = [name for name in want if (not _same_device(want[name], have[name]) if name == "device"
+                                     else want[name] != have[name])]
+    if bad:
+        fail(arg, "a cache built for this model (" + ", ".join(f"{n}={want[n]}" for n in bad) + "; the model's "
+             "new_cache makes one)", Raw("a cache with " + ", ".join(f"{n}={have[n]}" for n in bad)))

@@ -14,6 +14,7 @@ import torch
 
 from ..errors import Raw, boolean, fail, integer, integer_tensor, positions as check_positions
 from .policy import rerotate_rows
+from .transaction import before_edit
 
 if TYPE_CHECKING:
     from .kvcache import KVCache
@@ -31,6 +32,7 @@ def grow(cache: "KVCache", capacity: int) -> None:
     extra = capacity - cache.capacity
     if extra == 0:
         return
+    before_edit(cache)
     if cache.pages is not None:
         cache.pages.grow(capacity)
     for store in cache.stores:
@@ -44,11 +46,14 @@ def own_slots(cache: "KVCache", rows: torch.Tensor, slots: torch.Tensor) -> None
     """Paged storage: give each row a private copy of the shared blocks holding `(rows [n], slots [n])` (-1: none)."""
     src, dst = cache.pages.own(rows, slots)  # [m] blocks to copy (scratch -> scratch where nothing to do)
     for store in cache.stores:
+        if cache.journal is not None:
+            cache.journal.record(store.save_blocks(dst))
         store.copy_blocks(src, dst)
 
 
 def _rewrite(cache: "KVCache", src_slot: torch.Tensor, dst: torch.Tensor) -> None:
     """Per row, slot `s` of every store takes slot `src_slot[r, s]` (-1: zeros) where `dst [b, cap]` is True."""
+    before_edit(cache)
     b, cap = src_slot.shape
     rows = torch.arange(b, device=src_slot.device)[:, None].expand(b, cap)  # [b, cap]
     slot = torch.arange(cap, device=src_slot.device).expand(b, cap)
@@ -112,12 +117,17 @@ def reorder(cache: "KVCache", index: torch.Tensor) -> None:
 
     Contiguous storage copies the rows in place; paged storage moves block tables only (shared blocks
     gain references and are copied when a row first writes to them).
+
+    Raises:
+        PosencError: naming `index`: not a 1-D integer tensor, empty (a cache keeps at least one row), or a
+            row outside [0, batch_size). Nothing changes then.
     """
-    what = f"a 1-D integer tensor of rows in [0, {cache.batch_size})"
+    what = f"a non-empty 1-D integer tensor of rows in [0, {cache.batch_size})"
     index = integer_tensor("index", index, ndim=(1,), what=what)
-    if bool(((index < 0) | (index >= cache.batch_size)).any()):
+    if index.numel() == 0 or bool(((index < 0) | (index >= cache.batch_size)).any()):
         fail("index", what, Raw(str(index.tolist())))
     index = index.to(cache.lengths.device)
+    before_edit(cache)
     same = index.shape[0] == cache.batch_size  # in place; another batch size reallocates (as grow does)
     for name in ("positions", "tokens", "lengths", "table_len"):
         held = getattr(cache, name)

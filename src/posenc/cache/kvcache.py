@@ -28,11 +28,13 @@ relabel slots: `move` and `keep_recent(shift=True)` refuse (only a re-run of the
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any, Callable
 
 import torch
 
 from . import edit, policy as policies
+from .transaction import Journal, Transaction
 from .checks import check_layout, check_new_positions, check_tokens, check_write
 from .paged import BlockTable, PagedStore
 from .storage import ContiguousStore, KVStore
@@ -108,6 +110,8 @@ class KVCache:
         self.lengths = torch.zeros(batch_size, dtype=torch.long, device=device)
         self.table_len = torch.zeros(batch_size, dtype=torch.long, device=device)
         self.high_water = 0  # host-side bound on lengths.max(), kept without a sync: reserve adds t, edits lower it
+        self.dtype = dtype  # what reads return (the model's dtype)
+        self.journal: Journal | None = None  # the undo log of the open `transaction()`, if any
 
     # ---------------------------------------------------------------- facts
     @property
@@ -159,6 +163,34 @@ class KVCache:
         paged = "" if self.pages is None else f", block_size={self.pages.block_size}"
         return (f"KVCache(layers={self.num_layers}, batch={self.batch_size}, capacity={self.capacity}{paged}, "
                 f"store={self.store!r}, policy={self.policy!r}, lengths={self.lengths.tolist()})")
+
+    @property
+    def device(self) -> torch.device:
+        return self.positions.device
+
+    def transaction(self) -> contextlib.AbstractContextManager["KVCache"]:
+        """All or nothing: calls inside the block either all complete, or an exception leaves every tensor,
+        statistic, block table and counter of the cache bit-identical to before the block (then it propagates).
+
+        Costs a copy of the bookkeeping, of the entries each write overwrites and, once, of the stores if an
+        edit touches them inside the block (`posenc.cache.transaction`). A nested block joins the outer one.
+        Device-side checks on an accelerator (a quantized format's range) fail at the next synchronisation,
+        after the block; under `torch.compile` the block is a plain one (a graph keeps no undo log).
+
+            >>> import torch
+            >>> cache = KVCache(1, 1, 1, 4, capacity=8)
+            >>> try:
+            ...     with cache.transaction():
+            ...         slots = cache.reserve(torch.tensor([[0, 1]]))
+            ...         cache.write(0, torch.ones(1, 1, 2, 4), torch.ones(1, 1, 3, 4), slots)  # v: 3 tokens
+            ... except ValueError:
+            ...     pass
+            >>> cache.lengths.tolist(), cache.positions[0, :2].tolist()
+            ([0], [-1, -1])
+        """
+        if self.journal is not None or torch.compiler.is_compiling():
+            return contextlib.nullcontext(self)
+        return Transaction(self)
 
     def _layer(self, layer: Any) -> int:
         return integer("layer", layer, min=0, max=self.num_layers - 1)
@@ -240,6 +272,8 @@ class KVCache:
                 cos, sin = self.tables(self.positions.gather(1, slots.clamp(min=0)))
             k = dispatch.rotate(k, None, cos, sin, None, self.rope.pairing)[0]  # [b, hk, t, d]
         rows, flat = self.write_index(slots) if index is None else index  # [b * t]
+        if self.journal is not None:
+            self.journal.before_write(self.stores[layer], rows, flat)
         self.stores[layer].write(rows, flat, k.transpose(1, 2).flatten(0, 1), v.transpose(1, 2).flatten(0, 1))
 
     @staticmethod

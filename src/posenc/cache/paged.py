@@ -22,12 +22,12 @@ Allocation, copy-on-write and reads are fixed-shape tensor work: no host sync.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
 from ..errors import assert_values
-from .storage import allocate
+from .storage import allocate, check_copy
 
 __all__ = ["BlockTable", "PagedStore"]
 
@@ -161,8 +161,26 @@ class PagedStore:
         if v is not None:
             self._v.flatten(0, 1).index_put_(at, v.to(self._v.dtype))
 
+    def save(self, rows: torch.Tensor, slots: torch.Tensor) -> Callable[[], None]:
+        """`KVStore.save`: the pool entries a write to `(rows, slots)` would overwrite, under today's table."""
+        return self._save_at(self.pages.locate(rows, slots), 1)
+
+    def save_blocks(self, blocks: torch.Tensor) -> Callable[[], None]:
+        """Like `save`, for whole blocks `[m]` (what `copy_blocks` into them would overwrite)."""
+        return self._save_at(blocks, 0)
+
+    def _save_at(self, at: torch.Tensor, dims: int) -> Callable[[], None]:
+        held = [(pool, pool.flatten(0, dims)[at]) for pool in (self._k, self._v)]  # copies
+
+        def undo() -> None:
+            for pool, old in held:
+                pool.flatten(0, dims).index_put_((at,), old)
+
+        return undo
+
     def copy_slots(self, src_rows: torch.Tensor, src_slots: torch.Tensor, dst_rows: torch.Tensor,
                    dst_slots: torch.Tensor) -> None:
+        check_copy(src_rows, src_slots, dst_rows, dst_slots, self.pages.table.shape[0], self.capacity)
         clear = (src_slots < 0)[:, None, None]  # [n, 1, 1]
         src, dst = self.pages.locate(src_rows, src_slots), self.pages.locate(dst_rows, dst_slots)
         for pool in (self._k, self._v):

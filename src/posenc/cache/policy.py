@@ -18,6 +18,7 @@ import torch
 from ..errors import fail, integer_tensor
 from ..rope.apply import apply_rope
 from ..rope.rerotate import rerotation_tables, stored_pairing
+from .transaction import before_edit
 
 if TYPE_CHECKING:
     from .kvcache import KVCache
@@ -85,6 +86,7 @@ def rerotate_rows(cache: "KVCache", rows: torch.Tensor, new_positions: torch.Ten
     index = rows.nonzero().flatten()  # [n] rows to turn
     if index.numel() == 0 or w == 0:
         return
+    before_edit(cache)
     old_p, new_p = cache.positions[index, :w], new_positions[index, :w]  # [n, w]
     cos, sin = rerotation_tables(cache.rope, old_p, new_p, cache.table_len[index], new_lens[index])  # [n, w, r/2]
     pairing = stored_pairing(cache.rope)

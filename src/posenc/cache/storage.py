@@ -15,7 +15,8 @@ Contract every store keeps:
   views for a store that keeps that dtype, fresh tensors for one that converts (which converts only
   those `w` slots). Slots never written, or cleared, read as zeros (finite: masked attention multiplies
   their values by 0).
-- `copy_slots(src_rows [n], src_slots [n], dst_rows [n], dst_slots [n])`: every destination receives
+- `copy_slots(src_rows [n], src_slots [n], dst_rows [n], dst_slots [n])` (places checked by `check_copy`
+  before anything moves: PosencError naming the argument): every destination receives
   what its source held BEFORE the call (sources are read first, so overlapping moves such as compaction
   and row permutation are safe); a source slot of -1 clears the destination to zeros; a destination
   slot of -1 is dropped. No host sync (a store may reclaim space here, with one: the quantized
@@ -25,6 +26,8 @@ Contract every store keeps:
   (paged) leaves the tables to their owner and only resizes its pools. As `copy_slots`, it may reclaim.
 - `grow(capacity)`: enlarge every row to `capacity` slots (>= the current one), filled slots unchanged,
   new ones zero. The only call that allocates; tensors taken from `read()` before it go stale.
+- `save(rows [n], slots [n]) -> undo` (optional): a function that puts back what a `write` to those places
+  would overwrite (`KVCache.transaction()` calls it before each write; a store without it is snapshotted).
 - `nbytes`: bytes held for keys and values (int), scratch included.
 - `capacity`: slots per row (int).
 Nothing else rebinds storage: `write` and `copy_slots` work in place, so views from `read()` stay live.
@@ -39,13 +42,13 @@ Nothing else rebinds storage: `write` and `copy_slots` work in place, so views f
 from __future__ import annotations
 
 import math
-from typing import Any, Protocol
+from typing import Any, Callable, Protocol
 
 import torch
 
-from ..errors import Raw, fail
+from ..errors import Raw, assert_values, fail
 
-__all__ = ["KVStore", "ContiguousStore", "allocate"]
+__all__ = ["KVStore", "ContiguousStore", "allocate", "save_buffer_slots", "check_copy"]
 
 
 class KVStore(Protocol):
@@ -68,6 +71,21 @@ class KVStore(Protocol):
     def nbytes(self) -> int: ...
 
 
+def check_copy(src_rows: torch.Tensor, src_slots: torch.Tensor, dst_rows: torch.Tensor, dst_slots: torch.Tensor,
+               batch_size: int, capacity: int) -> None:
+    """Refuse a `copy_slots` whose places are not `[n]` integer rows in [0, b) and slots in [-1, capacity),
+    naming the first bad argument, before anything moves (values checked on the device: no host sync)."""
+    n = src_rows.shape[0] if isinstance(src_rows, torch.Tensor) and src_rows.ndim == 1 else -1
+    for arg, t, bound in (("src_rows", src_rows, batch_size), ("src_slots", src_slots, capacity),
+                          ("dst_rows", dst_rows, batch_size), ("dst_slots", dst_slots, capacity)):
+        what = f"[n] integers in [{0 if 'rows' in arg else -1}, {bound})"
+        if (not isinstance(t, torch.Tensor) or t.dtype.is_floating_point or t.dtype == torch.bool
+                or t.ndim != 1 or t.shape[0] != n):
+            fail(arg, what + " (four tensors of one length)", t)
+        low = 0 if "rows" in arg else -1
+        assert_values(arg, ((t >= low) & (t < bound)).all(), what, lambda t=t: Raw(str(t.tolist())))
+
+
 def scratch_slots(slots: torch.Tensor, capacity: int) -> torch.Tensor:
     """`slots [n]` with padding (-1) sent to the scratch slot `capacity` of a store's `[b, h, capacity + 1, .]`
     buffers, so a write or copy is one `index_put_` of fixed shape (no `nonzero`, no host sync)."""
@@ -81,6 +99,18 @@ def copy_buffer_slots(buffers: Any, src: tuple[torch.Tensor, torch.Tensor], dst:
     for buf in buffers:
         view = buf.transpose(1, 2)  # [b, cap+1, h, .]
         view.index_put_(dst, view[src].masked_fill(clear, 0))  # [n, h, .]
+
+
+def save_buffer_slots(buffers: Any, at: tuple[torch.Tensor, torch.Tensor]) -> Callable[[], None]:
+    """`KVStore.save` on `[b, h, cap+1, .]` buffers: copies of the entries at `at = (rows [n], slots [n])` and
+    the function that writes them back (repeated places hold one value, so the order of the writes is moot)."""
+    held = [(buf, buf.transpose(1, 2)[at]) for buf in buffers]  # [n, h, .] copies (advanced indexing)
+
+    def undo() -> None:
+        for buf, old in held:
+            buf.transpose(1, 2).index_put_(at, old)
+
+    return undo
 
 
 def reorder_buffer(buf: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
@@ -145,8 +175,12 @@ class ContiguousStore:
         if v is not None:
             self._v.transpose(1, 2).index_put_(at, v.to(self._v.dtype))
 
+    def save(self, rows: torch.Tensor, slots: torch.Tensor) -> Callable[[], None]:
+        return save_buffer_slots((self._k, self._v), (rows, scratch_slots(slots, self.capacity)))
+
     def copy_slots(self, src_rows: torch.Tensor, src_slots: torch.Tensor, dst_rows: torch.Tensor,
                    dst_slots: torch.Tensor) -> None:
+        check_copy(src_rows, src_slots, dst_rows, dst_slots, self._k.shape[0], self.capacity)
         copy_buffer_slots((self._k, self._v), (src_rows, scratch_slots(src_slots, self.capacity)),
                           (dst_rows, scratch_slots(dst_slots, self.capacity)), (src_slots < 0)[:, None, None])
 

@@ -44,7 +44,7 @@ import torch
 from torch import nn
 
 from ..attention import ATTENTION_IMPLS, encoding_kind
-from ..cache import KVCache, check_new_positions
+from ..cache import KVCache, check_model_cache, check_new_positions
 from ..errors import Raw, batch_positions, fail, integer, rename
 from ..hf.arch import decoder_config
 from ..rope.rerotate import row_tables
@@ -297,6 +297,9 @@ class Decoder(nn.Module):
                                   or cache.num_layers != len(self.layers) or cache.rope != self.rope
                                   or (cache.num_kv_heads, cache.head_dim) != (self.num_kv_heads, self.head_dim)):
             fail("cache", f"a KVCache from this model's new_cache with batch_size={b}", cache)
+        if cache is not None:
+            weight = self.embed_tokens.weight
+            check_model_cache(cache, weight.dtype, weight.device, len(self.layers), self.num_kv_heads, self.head_dim)
         start = torch.zeros(b, dtype=torch.long, device=ids.device) if cache is None else cache.next_positions()
         if position_ids is None:
             positions = start[:, None] + mask.long().cumsum(dim=1) - 1  # [b, t]
@@ -320,14 +323,15 @@ class Decoder(nn.Module):
         """Every change a cached forward makes to `cache`: the rows' table lengths (`retable`), the re-run of
         the rows whose table changed (policy "recompute"), the new tokens' keys and values; `[b, t, vocab]`."""
         t = ids.shape[1]
-        if self.rope is not None and self.rope.scaling.depends_on_length:
-            redo = cache.retable(seq_lens)
-            if bool(redo.any()):
-                ids, positions, mask = prepend_cached(cache, redo, ids, positions, mask)
-                cache.retable(seq_lens)  # the cleared rows adopt the new table
-        else:
-            cache.retable(seq_lens)  # records the lengths; no host sync
-        return self._run(ids, positions, mask, cache)[:, -t:]
+        with cache.transaction():  # a refused call (a layer's write, an error in a layer) leaves the cache as it was
+            if self.rope is not None and self.rope.scaling.depends_on_length:
+                redo = cache.retable(seq_lens)
+                if bool(redo.any()):
+                    ids, positions, mask = prepend_cached(cache, redo, ids, positions, mask)
+                    cache.retable(seq_lens)  # the cleared rows adopt the new table
+            else:
+                cache.retable(seq_lens)  # records the lengths; no host sync
+            return self._run(ids, positions, mask, cache)[:, -t:]
 
     def _run(self, ids: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor, cache: KVCache | None,
              seq_lens: torch.Tensor | None = None) -> torch.Tensor:

@@ -172,7 +172,7 @@ def blocks_match_encode(store, raw, fmt, cap):
             assert want.offset is None or torch.equal(store.offset[int(block[0])], want.offset[:, 0])
             ids.append(int(block[0]))
         for s in range(blocks * GROUP, n):
-            assert int(store.block[r, s]) == RESIDUAL and torch.equal(store.residual[r, :, s % GROUP], tokens[s])
+            assert int(store.block[r, s]) == RESIDUAL and torch.equal(store.residual[r, :, s % (2 * GROUP)], tokens[s])
         assert bool((store.block[r, n:cap] == -1).all())
     return ids
 

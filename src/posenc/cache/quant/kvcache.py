@@ -100,7 +100,6 @@ class QuantizedKVCache(KVCache):
                 if isinstance(dim, int) and dim % 2:
                     fail(arg, "an even number of channels for kv_dtype int4 (two channels per byte)", dim)
         self.key_axis = "channel" if store == "unrotated" and self.format.kind != "cast" else "token"
-        self.dtype = dtype
         make = functools.partial(QuantStore, fmt=self.format, group=self.group, key_axis=self.key_axis)
         super().__init__(num_layers, batch_size, num_kv_heads, head_dim, capacity, rope=rope, store=store,
                          policy=policy, value_dim=value_dim, dtype=dtype, device=device, absolute=absolute,

@@ -13,10 +13,11 @@ store reclaims its statistics pool there (one sync: they are edits), so that app
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
+from ..storage import check_copy
 from .channels import RESIDUAL, ChannelStore
 from .tokens import TokenStore
 from .formats import KVFormat
@@ -69,12 +70,23 @@ class QuantStore:
         if v is not None:
             self.values.write(rows, slots, v)
 
+    def save(self, rows: torch.Tensor, slots: torch.Tensor) -> Callable[[], None]:
+        """`KVStore.save`: both parts' entries a write to `(rows, slots)` would change."""
+        undo_keys, undo_values = self.keys.save(rows, slots), self.values.save(rows, slots)
+
+        def undo() -> None:
+            undo_values()
+            undo_keys()
+
+        return undo
+
     def read(self, width: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """`KVStore.read`: only the first `width` slots (default all) are decoded."""
         return self.keys.read(width), self.values.read(width)  # fresh [b, hk, w, d], [b, hk, w, dv]
 
     def copy_slots(self, src_rows: torch.Tensor, src_slots: torch.Tensor, dst_rows: torch.Tensor,
                    dst_slots: torch.Tensor) -> None:
+        check_copy(src_rows, src_slots, dst_rows, dst_slots, self.keys.shape[0], self.capacity)
         for part in (self.keys, self.values):
             part.copy(src_rows, src_slots, dst_rows, dst_slots)
 

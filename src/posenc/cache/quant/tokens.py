@@ -10,11 +10,11 @@ first: a device-side range check, `formats.check_block`); none of `check`, `writ
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
-from ..storage import copy_buffer_slots, reorder_buffer
+from ..storage import copy_buffer_slots, reorder_buffer, save_buffer_slots
 from .codes import CodeStore, as_codes, code_bits, code_buffer, regrow
 from .formats import Encoded, KVFormat, decode, encode
 
@@ -57,6 +57,10 @@ class TokenStore(CodeStore):
         offset = None if self.offset is None else self.offset[:, :, w]
         return decode(Encoded(as_codes(self.fmt, self.codes[:, :, w]), scale, offset, self.fmt.name, "token"),
                       self.dtype)
+
+    def save(self, rows: torch.Tensor, slots: torch.Tensor) -> Callable[[], None]:
+        """What `write` to `(rows, slots)` would overwrite, and the function that puts it back."""
+        return save_buffer_slots(self.tensors(), (rows, self.slot_index(slots)))
 
     def copy(self, src_rows: torch.Tensor, src_slots: torch.Tensor, dst_rows: torch.Tensor,
              dst_slots: torch.Tensor) -> None:
