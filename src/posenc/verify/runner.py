@@ -39,7 +39,7 @@ CHECKS: dict[str, Callable[..., Row]] = {
 
 def steps_of(name: str, budget: Budget) -> int:
     """How many progress steps a row reports."""
-    return {"relativity": len(budget.shifts), "prefill-decode": 6, "batch-padding": 4, "pairing": 1,
+    return {"relativity": len(budget.shifts), "prefill-decode": 6, "batch-padding": 6, "pairing": 1,
             "length-boundaries": 5, "short-context": 5, "multimodal": 1,
             "rules-vs-reference": 8, "prefix-caching": 1, "chunked-prefill": 1,
             "position-scan": len(budget.depths) * (len(budget.passkey_lengths) + len(budget.copy_lengths))}[name]

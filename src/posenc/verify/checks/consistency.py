@@ -283,12 +283,24 @@ def batch_padding(subject: Subject, budget: Budget, progress: Any = None) -> Row
             if progress:
                 progress()
     largest = worst(results.values())
-    return Row("batch-padding", within(largest, tol) and informs,
+    from .length_batching import batch_lengths, length_rule_batches
+
+    per_rule, not_implemented, rule_tol = length_rule_batches(subject, budget, progress)
+    rule_worst = {k: worst(e for key, e in v.items() if key != "per_row") for k, v in per_rule.items()}
+    failed = sorted(k for k, d in rule_worst.items() if not within(d, rule_tol))
+    rule_lengths, width = batch_lengths(min(budget.boundary_l0, subject.l0))
+    return Row("batch-padding", within(largest, tol) and informs and not failed,
                measured={"max_abs_logit_diff": largest, "logit_spread": varied, **results,
+                         "failed_rules": failed, **rule_worst,
+                         **({"not_implemented": sorted(not_implemented)} if not_implemented else {}),
                          **({"kv_effect": kv_effect} if _kv(subject) else {})},
                thresholds={"max_abs_logit_diff": f"<= {fmt(tol)}" + (
                    f" (float noise + {KV_EFFECT_FACTOR:g} x kv_effect: the solo runs through the {subject.kv_dtype} "
-                   "cache vs none)" if _kv(subject) else ""), **needs},
+                   "cache vs none)" if _kv(subject) else ""), **needs,
+                   **({"length rules": f"<= {fmt(rule_tol)} per rule (float noise at {width} positions)"}
+                      if per_rule else {})},
                explanation=f"3 rows of {lengths} tokens padded to {n} (left: then {decode} decode steps) vs each "
-                           "row alone; positions derived by the engine and given explicitly",
-               details={"lengths": lengths})
+                           "row alone; positions derived by the engine and given explicitly"
+                           + (f"; under {sorted(per_rule)}: rows of {rule_lengths} tokens (both sides of the "
+                              f"reduced L0) padded to {width} in one batch vs each alone" if per_rule else ""),
+               details={"lengths": lengths, "per_rule": per_rule, "not_implemented": not_implemented})
