@@ -29,6 +29,8 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     p.add_argument("--engine-timeout", type=float, default=None, metavar="S",
                    help="seconds one call into an out-of-process engine may take before it counts as hung "
                         "(default 300; start-up gets 3x)")
+    p.add_argument("--engine-max-bytes", type=int, default=None, metavar="N",
+                   help="largest HTTP answer accepted from an openai:URL server, in bytes (default 64 MiB)")
     p.add_argument("--in-process", action="store_true",
                    help="with --engine MODULE:FACTORY: import and run the engine inside verify's process, for "
                         "debugging (default: a worker process, where an exit, signal, crash or hang of the engine "
@@ -109,6 +111,12 @@ def run(args: argparse.Namespace) -> int:
         from ..errors import real
 
         os.environ["POSENC_ENGINE_TIMEOUT"] = str(real("--engine-timeout", args.engine_timeout, gt=0))
+    if args.engine_max_bytes is not None:
+        import os
+
+        from ..errors import integer
+
+        os.environ["POSENC_ENGINE_MAX_BYTES"] = str(integer("--engine-max-bytes", args.engine_max_bytes, min=1))
     budget = BUDGETS["quick" if args.quick else "full" if args.full else "default"]
     names = parse_checks(args.checks)
     model = args.model or embedded_model_path()
