@@ -83,6 +83,17 @@ class PositionsIgnored(Wrapped):
         return self.inner.forward(input_ids, attention_mask=attention_mask, cache=cache)
 
 
+class PositionsOffPast(Wrapped):
+    """Explicit positions from `PAST` on land one position too far (a table or offset bug past a point)."""
+
+    PAST = 2048
+
+    def forward(self, input_ids, *, attention_mask=None, cache=None, position_ids=None):
+        if position_ids is not None:
+            position_ids = position_ids + (position_ids >= self.PAST).long()
+        return self.inner.forward(input_ids, attention_mask=attention_mask, cache=cache, position_ids=position_ids)
+
+
 class NaNLogits(Wrapped):
     """Every logit NaN: it compares False with every bound, so a row that tests `diff > tol` passes it."""
 
@@ -230,7 +241,7 @@ def faulty_factory(name: str, factory: Callable[..., Any]) -> Callable[..., Any]
             return wrapped
         return {"off-by-one-decode": OffByOneDecode, "padding-drift": PaddingDrift,
                 "reused-rotated-keys": ReusedRotatedKeys, "nan-logits": NaNLogits,
-                "positions-ignored": PositionsIgnored,
+                "positions-ignored": PositionsIgnored, "positions-off-past-2048": PositionsOffPast,
                 "narrow-vocab": NarrowVocab}.get(name, lambda e: e)(engine)
     make.__name__ = f"faulty_{name.replace('-', '_')}"
     return make
@@ -270,4 +281,6 @@ FAULTS = {f.name: f for f in (
     Fault("longrope-switch-early", "rules-vs-reference", "LongRoPE's long factors from L0 tokens on (>= L0, not > L0)"),
     Fault("longrope-switch-late", "rules-vs-reference", "LongRoPE's long factors only past L0 + 1 tokens"),
     Fault("table-clamped-4096", "relativity", "a cos/sin table of 4096 rows: positions past it read the last row"),
+    Fault("positions-off-past-2048", "relativity", "explicit positions from 2048 on one too far (a uniform shift "
+                                                   "inside any window past 2048: only a probe spanning 2048 sees it)"),
 )}
