@@ -101,3 +101,21 @@ def test_in_process_is_opt_in_and_a_systemexit_there_is_a_failed_row(tiny, engin
     assert not hasattr(factory, "proc")  # the module's own function
     row = run_checks(subject(tiny, factory), BUDGET, ["pairing"])[0]
     assert row.passed is False and "SystemExit(0)" in row.measured["error"]
+
+
+def test_a_scoring_engine_runs_out_of_process_too(tiny, tmp_path, monkeypatch):
+    (tmp_path / "scoring_out.py").write_text(
+        "from tests.helpers.engine_fakes.posenc_side import Fake\n"
+        "def make(path, rule, dtype):\n"
+        "    engine = Fake(path, rule, None)\n"
+        "    engine.capabilities = {'positions'}\n"
+        "    return engine\n"
+        "make.protocol = 'scoring'\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    factory = load_factory("scoring_out:make")
+    try:
+        assert factory.protocol == "scoring"
+        rows = run_checks(subject(tiny, factory), BUDGET, ["pairing", "batch-padding"])
+    finally:
+        factory.close()
+    assert [r.status for r in rows] == ["pass", "pass"], [r.measured for r in rows]
