@@ -302,12 +302,12 @@ def batch_padding(subject: Subject, budget: Budget, progress: Any = None) -> Row
             if progress:
                 progress()
     largest = worst(results.values())
-    from .length_batching import batch_lengths, length_rule_batches
+    from .length_batching import batch_l0, batch_lengths, length_rule_batches
 
     per_rule, not_implemented, rule_tol = length_rule_batches(subject, budget, progress)
     rule_worst = {k: worst(e for key, e in v.items() if key != "per_row") for k, v in per_rule.items()}
     failed = sorted(k for k, d in rule_worst.items() if not within(d, rule_tol))
-    rule_lengths, width = batch_lengths(min(budget.boundary_l0, subject.l0))
+    rule_lengths, width = batch_lengths(batch_l0(subject, budget))
     return Row("batch-padding", within(largest, tol) and informs and not failed,
                measured={"max_abs_logit_diff": largest, "logit_spread": varied, **results,
                          "failed_rules": failed, **rule_worst,
