@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import torch
 
-from posenc.verify.checks.common import Budget
+from posenc.verify.checks.common import FAR_SHIFT, Budget
 
 CONFIG = dict(vocab_size=256, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-              intermediate_size=128, max_position_embeddings=2048, rope_theta=10000.0, initializer_range=0.2,
+              intermediate_size=128, max_position_embeddings=8192, rope_theta=10000.0, initializer_range=0.2,
               tie_word_embeddings=False, rms_norm_eps=1e-5)
-BUDGET = Budget("test", relativity_len=24, shifts=(3, 61, 1000), decode_prefill=20, decode_steps=4,
+BUDGET = Budget("test", relativity_len=24, shifts=(3, 61, 1000, FAR_SHIFT), decode_prefill=20, decode_steps=4,
                 boundary_l0=64, short_len=128)
 
 

@@ -50,13 +50,20 @@ def test_a_fault_leaves_other_rows_alone(tiny):
     assert per_rule["explicit"]["max_abs_logit_diff"] <= 1e-4 < per_rule["derived"]["max_abs_logit_diff"]
 
 
-def test_transformers_engine_fails_dynamic_decode_only(tiny):
+def test_transformers_engine_fails_dynamic_decode_and_length_rules_in_a_batch(tiny):
     rows = run_checks(subject(tiny, transformers_engine, "transformers"), BUDGET,
                       ["prefill-decode", "batch-padding", "pairing", "relativity"])
     by = {r.name: r for r in rows}
     assert by["prefill-decode"].measured["failed_rules"] == ["dynamic"]
     assert by["prefill-decode"].measured["dynamic"] > 1e-2  # not noise: the cached keys use the shorter table
-    assert all(by[n].passed for n in ("batch-padding", "pairing", "relativity"))
+    # transformers reads a length-dependent rule's length as max(position_ids) + 1 over the whole batch: the rows
+    # below L0 get the longest row's table; the row past L0, and padding under the plain rule, are exact
+    padding = by["batch-padding"]
+    assert padding.measured["failed_rules"] == ["dynamic", "longrope"]
+    assert padding.measured["max_abs_logit_diff"] <= 1e-4
+    per_row = padding.details["per_rule"]["dynamic"]["per_row"]
+    assert per_row["56"] > 1.0 and per_row["88"] <= 1e-4, per_row
+    assert all(by[n].passed for n in ("pairing", "relativity"))
 
 
 def test_load_factory_names_and_errors(tmp_path, monkeypatch):

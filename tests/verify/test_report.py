@@ -108,9 +108,11 @@ def test_documented_example_engine_runs(tiny, tmp_path, monkeypatch):
     code = main(["verify", "--model", tiny, "--engine", "example_engine:make", "--checks",
                  "prefill-decode,batch-padding,relativity", "--out", str(tmp_path / "e"), "--quick"])
     rows = {r["name"]: r for r in json.loads((tmp_path / "e" / "report.json").read_text())["rows"]}
-    # transformers' dynamic NTK keeps keys cached under the shorter table: the one expected failure
+    # transformers' dynamic NTK keeps keys cached under the shorter table: an expected failure
     assert code == 1 and rows["prefill-decode"]["measured"]["failed_rules"] == ["dynamic"]
-    assert rows["batch-padding"]["passed"] and rows["relativity"]["passed"]
+    # ...and its batch-global length (max(position_ids) + 1 over the batch) under dynamic NTK and LongRoPE
+    assert rows["batch-padding"]["measured"]["failed_rules"] == ["dynamic", "longrope"]
+    assert rows["batch-padding"]["measured"]["max_abs_logit_diff"] <= 1e-4 and rows["relativity"]["passed"]
 
 
 def test_to_json_marks_any_failure():

@@ -4,7 +4,9 @@ The `gguf` reader trusts the counts a file declares. Past the end of the file it
 arrays instead of failing, so a 40-byte file declaring one metadata array of 2**40 numbers makes it
 loop 2**40 times, growing a list of empty arrays until memory runs out. This walk reads only the
 sizes (GGUF v2/v3: `magic, version u32, tensors u64, keys u64`, then per key `string, type u32,
-value`) and refuses any count the rest of the file cannot hold, naming the key.
+value`) and refuses any count the rest of the file cannot hold, naming the key; then the tensor infos
+(`name, dims, shape, type, offset`): a tensor whose data the file does not hold (cut short) or that runs
+into the next one is refused by name, with the bytes expected and the bytes present.
 
     >>> import struct, tempfile, pathlib
     >>> header = struct.pack("<4sIQQ", b"GGUF", 3, 0, 1)          # version 3, 0 tensors, 1 key
@@ -82,11 +84,12 @@ class _Walk:
 
 
 def check_gguf_layout(path: str | Path) -> None:
-    """Refuse a GGUF file whose header or metadata declares more than the file holds.
+    """Refuse a GGUF file whose header, metadata or tensor data declares more than the file holds.
 
     Raises:
         PosencError: `path` for a bad magic, version or key count; the key's name for a value that runs
-            past the end of the file or an unknown value type.
+            past the end of the file or an unknown value type; the tensor's name, with the bytes its shape
+            and type need and the bytes present, for data cut short or overlapping the next tensor.
     """
     path = Path(path)
     with open(path, "rb") as handle:
@@ -114,6 +117,67 @@ def _walk(data: mmap.mmap, where: str) -> None:
     if keys * 13 > walk.left() or tensors * 24 > walk.left():  # the smallest key-value and tensor entries
         fail("path", f"a readable GGUF file: counts it can hold ({walk.left()} bytes after the header)",
              Raw(f"{keys} metadata keys and {tensors} tensors declared in {where!r}"))
+    alignment = 32  # GGUF's default; `general.alignment` (uint32) overrides it
     for i in range(keys):
         key = walk.string(f"metadata key {i}")
-        walk.value(walk.take("I", key), key)
+        kind = walk.take("I", key)
+        if key == "general.alignment" and kind == 4:
+            alignment = walk.take("I", key) or 32
+        else:
+            walk.value(kind, key)
+    _check_tensors(walk, tensors, alignment)
+
+
+def _check_tensors(walk: _Walk, count: int, alignment: int) -> None:
+    """Each tensor's data lies inside the file and does not run into the next tensor's: the tensor named,
+    the bytes its shape and type need against the bytes there."""
+    infos = []
+    for i in range(count):
+        name = walk.string(f"tensor {i}")
+        dims = walk.take("I", name)
+        if dims > 8:
+            fail(name, "at most 8 dimensions", Raw(f"{dims}"))
+        shape = [walk.take("Q", name) for _ in range(dims)]
+        kind, offset = walk.take("I", name), walk.take("Q", name)
+        infos.append((offset, name, shape, kind))
+    start = -(-walk.at // alignment) * alignment  # the data section begins at the next multiple of the alignment
+    size = len(walk.data)
+    infos.sort()
+    for j, (offset, name, shape, kind) in enumerate(infos):
+        need = _tensor_bytes(name, shape, kind)
+        if need is None:
+            continue  # a type this check does not know: the reader refuses it by name
+        at = start + offset
+        present = max(0, min(need, size - at))
+        if present < need:
+            fail(name, f"{need} bytes of data ({_type_name(kind)}, shape {shape}) from byte {at}",
+                 Raw(f"{present} bytes present: the file ends at byte {size} (truncated)"))
+        if j + 1 < len(infos) and offset + need > infos[j + 1][0]:
+            room = infos[j + 1][0] - offset
+            fail(name, f"{need} bytes of data ({_type_name(kind)}, shape {shape}) before the next tensor",
+                 Raw(f"{room} bytes until {infos[j + 1][1]} starts (inconsistent offsets)"))
+
+
+def _tensor_bytes(name: str, shape: list[int], kind: int) -> int | None:
+    """Bytes of a tensor's data from ggml's block sizes (the `gguf` package's table), None for an unknown type."""
+    try:
+        from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
+
+        block, type_size = GGML_QUANT_SIZES[GGMLQuantizationType(kind)]
+    except (ImportError, ValueError, KeyError):
+        return None
+    elements = 1
+    for n in shape:
+        elements *= int(n)
+    if elements % block:
+        fail(name, f"a multiple of {block} elements ({_type_name(kind)} blocks)", Raw(f"shape {shape}: {elements}"))
+    return elements // block * type_size
+
+
+def _type_name(kind: int) -> str:
+    try:
+        from gguf.constants import GGMLQuantizationType
+
+        return GGMLQuantizationType(kind).name
+    except (ImportError, ValueError):
+        return f"type {kind}"

@@ -29,6 +29,12 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     p.add_argument("--engine-timeout", type=float, default=None, metavar="S",
                    help="seconds one call into an out-of-process engine may take before it counts as hung "
                         "(default 300; start-up gets 3x)")
+    p.add_argument("--engine-max-bytes", type=int, default=None, metavar="N",
+                   help="largest HTTP answer accepted from an openai:URL server, in bytes (default 64 MiB)")
+    p.add_argument("--in-process", action="store_true",
+                   help="with --engine MODULE:FACTORY: import and run the engine inside verify's process, for "
+                        "debugging (default: a worker process, where an exit, signal, crash or hang of the engine "
+                        "fails a row; in process it ends or hangs verify)")
     p.add_argument("--patch", action="store_true", help="with --engine transformers: run the model patched by "
                                                          "posenc.integrations.transformers.patch (policy recompute), "
                                                          "stock transformers beside it")
@@ -91,7 +97,7 @@ def run(args: argparse.Namespace) -> int:
     from ..errors import Raw, fail
     from ..models import embedded_model_path
     from .checks.common import BUDGETS
-    from .engines import CheckpointReader, load_factory
+    from .engines import ENGINES, CheckpointReader, load_factory
     from .report import render_selftest, render_table, side_by_side, write_report
     from .runner import Progress, build_subject, parse_checks, run_checks, self_test
 
@@ -105,12 +111,20 @@ def run(args: argparse.Namespace) -> int:
         from ..errors import real
 
         os.environ["POSENC_ENGINE_TIMEOUT"] = str(real("--engine-timeout", args.engine_timeout, gt=0))
+    if args.engine_max_bytes is not None:
+        import os
+
+        from ..errors import integer
+
+        os.environ["POSENC_ENGINE_MAX_BYTES"] = str(integer("--engine-max-bytes", args.engine_max_bytes, min=1))
     budget = BUDGETS["quick" if args.quick else "full" if args.full else "default"]
     names = parse_checks(args.checks)
     model = args.model or embedded_model_path()
     dtype = getattr(torch, DTYPES[args.dtype])
     reader = CheckpointReader()  # one read of the checkpoint for every engine of the run
-    factory, engine_name = load_factory(args.engine, reader), args.engine
+    if args.in_process and (args.engine in ENGINES or args.engine.startswith("openai:")):
+        fail("--in-process", "--engine MODULE:FACTORY", Raw(f"--engine {args.engine}"))
+    factory, engine_name = load_factory(args.engine, reader, in_process=args.in_process), args.engine
     if args.patch:
         if args.engine != "transformers" or args.self_test:
             fail("--patch", "--engine transformers (without --self-test)", Raw(f"--engine {args.engine}"))

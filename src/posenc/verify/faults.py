@@ -5,7 +5,7 @@ self-test runs the clean engine through every row, then each faulty engine throu
 catch it, and reports both: a row that passes a broken engine is a defect of the row.
 
     >>> sorted(FAULTS)[:3]
-    ['bf16-angles', 'flat-mrope', 'linear-as-dynamic']
+    ['bf16-angles', 'dynamic-padded-width', 'flat-mrope']
 """
 
 from __future__ import annotations
@@ -83,6 +83,17 @@ class PositionsIgnored(Wrapped):
         return self.inner.forward(input_ids, attention_mask=attention_mask, cache=cache)
 
 
+class PositionsOffPast(Wrapped):
+    """Explicit positions from `PAST` on land one position too far (a table or offset bug past a point)."""
+
+    PAST = 2048
+
+    def forward(self, input_ids, *, attention_mask=None, cache=None, position_ids=None):
+        if position_ids is not None:
+            position_ids = position_ids + (position_ids >= self.PAST).long()
+        return self.inner.forward(input_ids, attention_mask=attention_mask, cache=cache, position_ids=position_ids)
+
+
 class NaNLogits(Wrapped):
     """Every logit NaN: it compares False with every bound, so a row that tests `diff > tol` passes it."""
 
@@ -107,6 +118,17 @@ def _short_table(rope: Any, rows: int) -> Any:
             return super().cos_sin(torch.where(position_ids >= rows, position_ids % rows, position_ids), **kwargs)
 
     return ShortTableRope(**{f.name: getattr(rope, f.name) for f in dataclasses.fields(rope)})
+
+
+def _clamped_table(rope: Any, rows: int) -> Any:
+    """The same Rope whose cos/sin table has `rows` rows and clamps: position p >= rows gets row rows - 1."""
+    base_cls = type(rope)
+
+    class ClampedRope(base_cls):  # type: ignore[misc, valid-type]
+        def cos_sin(self, position_ids, **kwargs):
+            return super().cos_sin(position_ids.clamp(max=rows - 1), **kwargs)
+
+    return ClampedRope(**{f.name: getattr(rope, f.name) for f in dataclasses.fields(rope)})
 
 
 def rewrite_rule(name: str, rule: dict | None) -> dict | None:
@@ -143,6 +165,49 @@ def _low_precision(rope: Any) -> Any:
     return BF16Rope(**{f.name: getattr(rope, f.name) for f in dataclasses.fields(rope)})
 
 
+def _length_read(rope: Any, state: dict[str, Any], shift: int = 0) -> Any:
+    """The same Rope, but a length-dependent rule sees `state["seq_len"]` (set by `LengthFromBatch` before each
+    forward) instead of the row's own length, or the row's length + `shift` (a switch one token early or late)."""
+    base_cls = type(rope)
+
+    class LengthRope(base_cls):  # type: ignore[misc, valid-type]
+        def cos_sin(self, position_ids, *, seq_len=None, **kwargs):
+            if state.get("seq_len") is not None:
+                seq_len = state["seq_len"]
+            elif shift:
+                own = seq_len if seq_len is not None else int(position_ids.max()) + 1
+                seq_len = max(1, own + shift)
+            return super().cos_sin(position_ids, seq_len=seq_len, **kwargs)
+
+    return LengthRope(**{f.name: getattr(rope, f.name) for f in dataclasses.fields(rope)})
+
+
+class LengthFromBatch(Wrapped):
+    """A full forward's length-dependent table from the batch, not the row: its padded width (`padded-width`)
+    or its largest position + 1 (`batch-max`, transformers 5's `max(position_ids) + 1`)."""
+
+    def __init__(self, inner: Any, state: dict[str, Any], how: str) -> None:
+        super().__init__(inner)
+        self.state, self.how = state, how
+
+    def forward(self, input_ids, *, attention_mask=None, cache=None, position_ids=None):
+        b, t = input_ids.shape
+        mask = torch.ones(b, t, dtype=torch.long) if attention_mask is None else attention_mask.long()
+        if cache is None and self.how == "padded-width":
+            self.state["seq_len"] = t
+        elif cache is None:
+            pos = (mask.cumsum(1) - 1).clamp(min=0) if position_ids is None else position_ids.expand(b, t)
+            self.state["seq_len"] = int(((pos + 1) * mask).max())
+        try:
+            return self.inner.forward(input_ids, attention_mask=attention_mask, cache=cache, position_ids=position_ids)
+        finally:
+            self.state["seq_len"] = None
+
+
+LENGTH_FAULTS = {"dynamic-padded-width": ("dynamic", "padded-width"), "length-rule-batch-max": ("longrope", "batch-max")}
+SWITCH_FAULTS = {"longrope-switch-early": 1, "longrope-switch-late": -1}
+
+
 def _with_rope(model: Any, rope: Any) -> Any:
     model.rope = model.encoding = rope
     return model
@@ -162,13 +227,21 @@ def faulty_factory(name: str, factory: Callable[..., Any]) -> Callable[..., Any]
             return _with_rope(engine, dataclasses.replace(engine.rope, pairing=other))
         if name == "bf16-angles":
             return _with_rope(engine, _low_precision(engine.rope))
+        if name == "table-clamped-4096":
+            return _with_rope(engine, _clamped_table(engine.rope, 4096))
+        kind = (rope_scaling or {}).get("rope_type")
+        if name in LENGTH_FAULTS and kind == LENGTH_FAULTS[name][0]:
+            state: dict[str, Any] = {}
+            return LengthFromBatch(_with_rope(engine, _length_read(engine.rope, state)), state, LENGTH_FAULTS[name][1])
+        if name in SWITCH_FAULTS and kind == "longrope":
+            return _with_rope(engine, _length_read(engine.rope, {}, SWITCH_FAULTS[name]))
         if name == "flat-mrope":
             wrapped = Wrapped(engine)
             wrapped.mrope_position_ids = flat_positions
             return wrapped
         return {"off-by-one-decode": OffByOneDecode, "padding-drift": PaddingDrift,
                 "reused-rotated-keys": ReusedRotatedKeys, "nan-logits": NaNLogits,
-                "positions-ignored": PositionsIgnored,
+                "positions-ignored": PositionsIgnored, "positions-off-past-2048": PositionsOffPast,
                 "narrow-vocab": NarrowVocab}.get(name, lambda e: e)(engine)
     make.__name__ = f"faulty_{name.replace('-', '_')}"
     return make
@@ -201,4 +274,13 @@ FAULTS = {f.name: f for f in (
           "LongRoPE picks its factors from the allocated context, not the sequence length"),
     Fault("short-rope-table", "rules-vs-reference",
           "YaRN cos/sin table of L0 * factor rows read past its end (vLLM 0.32 CPU)"),
+    Fault("dynamic-padded-width", "batch-padding",
+          "dynamic NTK's length read from the batch's padded width, not the row's length"),
+    Fault("length-rule-batch-max", "batch-padding",
+          "LongRoPE's length read as the batch's largest position + 1 (rows below L0 get the long factors)"),
+    Fault("longrope-switch-early", "rules-vs-reference", "LongRoPE's long factors from L0 tokens on (>= L0, not > L0)"),
+    Fault("longrope-switch-late", "rules-vs-reference", "LongRoPE's long factors only past L0 + 1 tokens"),
+    Fault("table-clamped-4096", "relativity", "a cos/sin table of 4096 rows: positions past it read the last row"),
+    Fault("positions-off-past-2048", "relativity", "explicit positions from 2048 on one too far (a uniform shift "
+                                                   "inside any window past 2048: only a probe spanning 2048 sees it)"),
 )}

@@ -39,7 +39,7 @@ CHECKS: dict[str, Callable[..., Row]] = {
 
 def steps_of(name: str, budget: Budget) -> int:
     """How many progress steps a row reports."""
-    return {"relativity": len(budget.shifts), "prefill-decode": 6, "batch-padding": 4, "pairing": 1,
+    return {"relativity": len(budget.shifts), "prefill-decode": 6, "batch-padding": 6, "pairing": 1,
             "length-boundaries": 5, "short-context": 5, "multimodal": 1,
             "rules-vs-reference": 8, "prefix-caching": 1, "chunked-prefill": 1,
             "position-scan": len(budget.depths) * (len(budget.passkey_lengths) + len(budget.copy_lengths))}[name]
@@ -119,10 +119,12 @@ def run_checks(subject: Subject, budget: Budget, names: Iterable[str], progress:
             with torch.no_grad():
                 row = _row_for(subject, name)(subject, budget, advance)
         except BaseException as exc:  # a crashing engine fails its row, with the reason, and the run goes on
-            if isinstance(exc, (KeyboardInterrupt, SystemExit, GeneratorExit)):
+            if isinstance(exc, (KeyboardInterrupt, GeneratorExit)):
                 raise  # the user's, not the engine's (a Rust extension's panic is a BaseException too)
-            row = Row(name, False, {"error": f"{type(exc).__name__}: {exc}"[:300]},
-                      explanation="the engine raised while this row ran")
+            # SystemExit inside a row can only come from the engine (an in-process one): a failure, never an exit
+            error = f"SystemExit({exc.code!r}): the engine tried to end the process" if isinstance(exc, SystemExit) \
+                else f"{type(exc).__name__}: {exc}"
+            row = Row(name, False, {"error": error[:300]}, explanation="the engine raised while this row ran")
         row.seconds = time.perf_counter() - start
         rows.append(row)
     return rows

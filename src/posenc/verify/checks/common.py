@@ -69,12 +69,15 @@ class Budget:
     trials: int = 1
 
 
+# relativity's far probe: its tokens (24 to 48) at 4090.. cross position 4096, the end of a common cos/sin table size
+FAR_SHIFT = 4090
+
 BUDGETS = {
-    "quick": Budget("quick"),
+    "quick": Budget("quick", shifts=(3, 61, 1000, FAR_SHIFT)),
     "default": Budget("default", boundary_l0=512, short_len=1024, passkey_lengths=(1024, 4096),
-                      copy_lengths=(1024, 2048), shifts=(3, 61, 1000, 4000)),
+                      copy_lengths=(1024, 2048), shifts=(3, 61, 1000, FAR_SHIFT)),
     "full": Budget("full", boundary_l0=8192, short_len=2048, passkey_lengths=(1024, 4096, 8192, 16384),
-                   copy_lengths=(1024, 4096, 8192), trials=2, shifts=(3, 61, 1000, 4000, 12000)),
+                   copy_lengths=(1024, 4096, 8192), trials=2, shifts=(3, 61, 1000, FAR_SHIFT, 12000)),
 }
 
 

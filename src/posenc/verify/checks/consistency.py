@@ -89,7 +89,8 @@ def relativity(subject: Subject, budget: Budget, progress: Any = None) -> Row:
 
     Full forwards at positions s..s+n-1 with explicit positions, and a cached variant (prefix prefilled
     at the shifted positions, the last 8 tokens decoded after it) that catches keys rotated at one
-    position and reused at another.
+    position and reused at another; and, against the reference, the halves of the text at 0.. and at the
+    largest shift (`_far_gap`), which catches a position fault anywhere between them.
     """
     engine = subject.engine(None)
     n = budget.relativity_len
@@ -129,11 +130,15 @@ def relativity(subject: Subject, budget: Budget, progress: Any = None) -> Row:
     gapped = (torch.arange(n) + gap * (torch.arange(n) >= half))[None]  # 0..h-1, h+gap..n-1+gap
     honoured = max_diff(engine.forward(ids, position_ids=gapped)[:, half:], base[:, half:])
     needs["gap_effect"] = f">= {fmt(HONOURED_RATIO * logit_tol(subject.dtype))} (explicit positions honoured)"
+    far, far_tol, far_at = _far_gap(subject, engine, ids, max(shifts, default=0))
+    if far is not None:
+        needs["far_gap_vs_reference"] = f"<= {fmt(far_tol)} (halves at 0.. and {far_at}..)"
     passed = bool(shifts) and within(ratio, 1.0) and informs and within(HONOURED_RATIO * logit_tol(subject.dtype),
-                                                                         honoured)
+                                                                         honoured) and (far is None or within(far, far_tol))
     return Row("relativity", passed,
                measured={"max_abs_logit_diff": worst(diffs), "worst_diff_over_tolerance": ratio,
                          "top1_agreement": agree, "logit_spread": varied, "gap_effect": honoured, "shifts": shifts,
+                         **({"far_gap_vs_reference": far} if far is not None else {}),
                          **({"kv_effect": kv_effect} if _kv(subject) else {})},
                thresholds={"worst_diff_over_tolerance": "<= 1 (tolerance = "
                             f"{fmt(logit_tol(subject.dtype))} + {SENSITIVITY:g} * (s + n) * 2^-24"
@@ -142,6 +147,20 @@ def relativity(subject: Subject, budget: Budget, progress: Any = None) -> Row:
                explanation=f"{n} tokens at positions s..s+n-1 vs 0..n-1, full and cached: equal up to float32 "
                            "noise plus the float32 angle rounding that grows with the position",
                details={"per_shift": per_shift})
+
+
+def _far_gap(subject: Subject, engine: Any, ids: torch.Tensor, far_at: int) -> tuple[float | None, float, int]:
+    """The engine vs the reference on the same tokens with the first half at 0.. and the second at `far_at`..
+    (explicit positions): a position fault past any point between the halves changes the distance between
+    them, which shifted copies alone (every position moved alike) cannot show. `(max diff or None without a
+    reference or a far shift, the bound: float noise + both sides' angle rounding at the last position, far_at)`."""
+    n, half = ids.shape[1], ids.shape[1] // 2
+    if subject.reference is None or far_at <= half:
+        return None, 0.0, far_at
+    positions = (torch.arange(n) + (far_at - half) * (torch.arange(n) >= half))[None]  # 0..h-1, far_at..
+    reference_engine = subject.checked(subject.reference(subject.model_path, None, subject.dtype))
+    d = max_diff(engine.forward(ids, position_ids=positions), reference_engine.forward(ids, position_ids=positions))
+    return d, logit_tol(subject.dtype) + 2 * SENSITIVITY * (far_at + n) * 2.0**-24, far_at
 
 
 def _cached_tail(engine: Any, ids: torch.Tensor, s: int, split: int) -> torch.Tensor:
@@ -283,12 +302,24 @@ def batch_padding(subject: Subject, budget: Budget, progress: Any = None) -> Row
             if progress:
                 progress()
     largest = worst(results.values())
-    return Row("batch-padding", within(largest, tol) and informs,
+    from .length_batching import batch_l0, batch_lengths, length_rule_batches
+
+    per_rule, not_implemented, rule_tol = length_rule_batches(subject, budget, progress)
+    rule_worst = {k: worst(e for key, e in v.items() if key != "per_row") for k, v in per_rule.items()}
+    failed = sorted(k for k, d in rule_worst.items() if not within(d, rule_tol))
+    rule_lengths, width = batch_lengths(batch_l0(subject, budget))
+    return Row("batch-padding", within(largest, tol) and informs and not failed,
                measured={"max_abs_logit_diff": largest, "logit_spread": varied, **results,
+                         "failed_rules": failed, **rule_worst,
+                         **({"not_implemented": sorted(not_implemented)} if not_implemented else {}),
                          **({"kv_effect": kv_effect} if _kv(subject) else {})},
                thresholds={"max_abs_logit_diff": f"<= {fmt(tol)}" + (
                    f" (float noise + {KV_EFFECT_FACTOR:g} x kv_effect: the solo runs through the {subject.kv_dtype} "
-                   "cache vs none)" if _kv(subject) else ""), **needs},
+                   "cache vs none)" if _kv(subject) else ""), **needs,
+                   **({"length rules": f"<= {fmt(rule_tol)} per rule (float noise at {width} positions)"}
+                      if per_rule else {})},
                explanation=f"3 rows of {lengths} tokens padded to {n} (left: then {decode} decode steps) vs each "
-                           "row alone; positions derived by the engine and given explicitly",
-               details={"lengths": lengths})
+                           "row alone; positions derived by the engine and given explicitly"
+                           + (f"; under {sorted(per_rule)}: rows of {rule_lengths} tokens (both sides of the "
+                              f"reduced L0) padded to {width} in one batch vs each alone" if per_rule else ""),
+               details={"lengths": lengths, "per_rule": per_rule, "not_implemented": not_implemented})

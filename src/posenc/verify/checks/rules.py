@@ -6,7 +6,9 @@ each rule (the checkpoint's own, default with NTK theta, linear, dynamic, YaRN, 
 Llama-3, LongRoPE) runs on the engine and on the reference (transformers on the same weights; posenc's
 decoder when testing transformers) at two lengths: L0/2 (inside the reduced L0: length-dependent rules
 must use their short table) and L1 + L0/2 (crossing L0 and L1 = 2 L0: a cos/sin table of L1 rows is
-read past its end). Per-token log-probabilities of the text are compared element-wise; the bound is
+read past its end); the rules that switch tables with the sequence length (dynamic NTK, LongRoPE: long
+factors for more than L0 tokens) also at L0 - 1, L0 and L0 + 1 tokens, so a switch one token early or
+late is seen (LongRoPE's short and long factors differ by nats). Per-token log-probabilities of the text are compared element-wise; the bound is
 float32 noise: `logprob = logit - logsumexp`, two rounded terms, so twice the logit noise of a sequence
 reaching position n (`shift_tol`: 1e-4 plus the float32 angle rounding 64 n 2^-24 that two independent
 implementations may each carry). On SmolLM2 at L0 = 256 the faults this row must catch move logprobs by
@@ -25,6 +27,7 @@ from .consistency import shift_tol
 __all__ = ["rules_vs_reference", "all_rules", "token_logprobs", "LOGPROB_TOL_FACTOR", "TOP1_MIN"]
 
 LOGPROB_TOL_FACTOR = 2.0
+SWITCHING = ("dynamic", "longrope")  # rules whose table depends on the sequence length: probed at L0 - 1, L0, L0 + 1
 TOP1_MIN = 0.99
 
 
@@ -68,8 +71,9 @@ def rules_vs_reference(subject: Subject, budget: Budget, progress: Any = None) -
         return Row("rules-vs-reference", None, skipped="no reference implementation available")
     l0 = min(budget.boundary_l0, subject.l0)
     lengths = (l0 // 2, 2 * l0 + l0 // 2)
+    switch = (l0 - 1, l0, l0 + 1)  # where a length-dependent rule changes its table (> L0 switches)
     ids = subject.text(lengths[-1], offset=30000)
-    tols = {n: LOGPROB_TOL_FACTOR * shift_tol(subject.dtype, n) for n in lengths}
+    tols = {n: LOGPROB_TOL_FACTOR * shift_tol(subject.dtype, n) for n in (*lengths, *switch)}
     rules = all_rules(l0, subject.theta, subject.head_dim)
     kept, not_implemented = subject.split_rules(rules)
     per_rule: dict[str, Any] = {}
@@ -87,7 +91,7 @@ def rules_vs_reference(subject: Subject, budget: Budget, progress: Any = None) -
         reference = subject.reference(subject.model_path, rule, subject.dtype)
         entry = {}
         try:
-            for n in lengths:
+            for n in sorted((*lengths, *switch)) if name in SWITCHING else lengths:
                 entry[str(n)] = _compare(engine, reference, ids[:, :n])
         except Exception as exc:  # noqa: BLE001
             if getattr(exc, "refused", False):  # declined at load time: a limitation, said as such, not wrong numbers
@@ -104,16 +108,19 @@ def rules_vs_reference(subject: Subject, budget: Budget, progress: Any = None) -
     worst = max((e["max_abs_logprob_diff"] for v in per_rule.values() for e in v.values() if isinstance(e, dict)),
                 default=0.0)
     measured: dict[str, Any] = {"max_abs_logprob_diff": worst, "failed_rules": failed, "L0": l0,
-                                "lengths": list(lengths)}
+                                "lengths": list(lengths),
+                                "switch_lengths": {"rules": [r for r in SWITCHING if r in per_rule], "lengths": list(switch)}}
     measured.update({f"{k}_diff": max((e["max_abs_logprob_diff"] for e in v.values() if isinstance(e, dict)),
                                       default=float("inf")) for k, v in per_rule.items()})
     if not_implemented:
         measured["not_implemented"] = sorted(not_implemented)
     return Row("rules-vs-reference", not failed if per_rule else None, measured,
-               {"max_abs_logprob_diff": " and ".join(f"<= {fmt(t)} at {n} tokens" for n, t in tols.items()),
+               {"max_abs_logprob_diff": " and ".join(f"<= {fmt(tols[n])} at {n} tokens" for n in lengths)
+                + f" (<= {fmt(tols[l0 + 1])} at {l0 - 1}, {l0}, {l0 + 1} tokens for {', '.join(SWITCHING)})",
                 "top1_agreement": f">= {TOP1_MIN}"},
                explanation=f"each rule at L0 = {l0} (factor 2) on the engine and the reference, {lengths[0]} and "
-                           f"{lengths[1]} tokens (inside L0; past L1): per-token logprobs equal up to float32 noise"
+                           f"{lengths[1]} tokens (inside L0; past L1), and {l0 - 1}, {l0}, {l0 + 1} tokens for the rules that "
+                           f"switch at L0 ({', '.join(SWITCHING)}): per-token logprobs equal up to float32 noise"
                            + (f"; n/a (not implemented by the engine): {sorted(not_implemented)}"
                               if not_implemented else ""),
                details={"per_rule": per_rule, "not_implemented": not_implemented},

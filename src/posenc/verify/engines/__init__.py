@@ -19,6 +19,7 @@ honour both keys.
 
 Foreign engines (llama-cpp, vllm) run out of process in their own virtual environments
 (`posenc setup-engine NAME`; `hosted.py`); serving engines follow the scoring protocol described there.
+`MODULE:FACTORY` engines run out of process too, in a worker under verify's interpreter (`user.py`).
 """
 
 from __future__ import annotations
@@ -178,11 +179,15 @@ ENGINES: dict[str, Callable[..., Any]] = {
     "vllm": vllm_engine}
 
 
-def load_factory(spec: str, reader: CheckpointReader | None = None) -> Callable[..., Any]:
+def load_factory(spec: str, reader: CheckpointReader | None = None, *, in_process: bool = False
+                 ) -> Callable[..., Any]:
     """`posenc | transformers | llama-cpp | vllm | openai:URL | MODULE:FACTORY` -> the factory callable.
 
     `reader`: the run's `CheckpointReader`; the factories that read the checkpoint in this process
     (posenc, transformers, vllm's config) share it. None: `ENGINES[spec]` itself, reading per engine.
+    `MODULE:FACTORY` runs in a worker process (`user.UserFactory`: an exit, signal, crash or hang of the
+    engine fails a row, never verify); `in_process=True` imports and calls it here instead (debugging:
+    then an engine that ends the process ends verify).
 
     Raises:
         PosencError: an unknown name, a module that does not import, or a missing or non-callable factory.
@@ -199,8 +204,12 @@ def load_factory(spec: str, reader: CheckpointReader | None = None) -> Callable[
         from .openai import openai_factory
 
         return openai_factory(spec[len("openai:"):])
-    if not isinstance(spec, str) or spec.count(":") != 1:
+    if not isinstance(spec, str) or spec.count(":") != 1 or not all(spec.split(":")):
         fail("engine", f"one of {sorted(ENGINES)} or MODULE:FACTORY", spec)
+    if not in_process:
+        from .user import UserFactory
+
+        return UserFactory(spec)
     module_name, attr = spec.split(":")
     try:
         module = importlib.import_module(module_name)
