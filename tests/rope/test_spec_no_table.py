@@ -77,14 +77,15 @@ def test_cos_sin_is_the_checkpoint_formula_bit_for_bit_up_to_2_pow_53(name):
 def test_apply_without_a_table_equals_a_held_table_and_the_reference(name, dtype, t):
     rope = ROPES[name]
     q, k = randn(3, 4, t, rope.head_dim, dtype=dtype), randn(3, 2, t, rope.head_dim, dtype=dtype, seed=1)
-    pos = torch.arange(4090, 4090 + t)
-    reference = rope.apply(q, k, pos, impl="reference")
-    held = rope.apply(q, k, pos, table=rope.table(4100))
-    fresh = rope.apply(q, k, pos)
-    q_in, k_in = q.clone(), k.clone()
-    rope.apply_(q_in, k_in, pos)
-    for got in (held, fresh, (q_in, k_in)):
-        assert torch.equal(got[0], reference[0]) and torch.equal(got[1], reference[1])
+    one = torch.arange(4090, 4090 + t)
+    for pos in (one, one[None], torch.stack((one, one - 7, one * 3))):  # [t], [1, t], [b, t]
+        reference = rope.apply(q, k, pos, impl="reference")
+        held = rope.apply(q, k, pos, table=rope.table(13000))
+        fresh = rope.apply(q, k, pos)
+        q_in, k_in = q.clone(), k.clone()
+        rope.apply_(q_in, k_in, pos)
+        for got in (held, fresh, (q_in, k_in)):
+            assert torch.equal(got[0], reference[0]) and torch.equal(got[1], reference[1])
 
 
 def test_transformers_rotation_is_reproduced_without_a_table():
@@ -107,11 +108,13 @@ def test_torch_ops_per_call_stay_within_budget():
     q7, k7 = randn(1, 2, 7, 128), randn(1, 2, 7, 128)
     budgets = {  # (call, ops): the decode shapes of issue 31
         "apply_ no table": (lambda: rope.apply_(q, k, pos), 3),  # product, cos, sin: the position read from memory
+        "apply_ no table, [b, 1] positions": (lambda p=torch.full((32, 1), 4095): rope.apply_(q, k, p), 6),  # rows 2
         "apply no table": (lambda: rope.apply(q, k, pos), 5),  # and the two outputs
         "apply_ held table": (lambda: rope.apply_(q, k, pos, table=table), 0),
         "apply held table": (lambda: rope.apply(q, k, pos, table=table), 2),
-        "cos_sin of 32 positions": (lambda p=torch.arange(4064, 4096): rope.cos_sin(p), 8),  # check 4, angles 4
-        "apply_ no table, prefill": (lambda p=torch.arange(7): rope.apply_(q7, k7, p), 9),  # check 4, angles 4, rows 1
+        "cos_sin of 32 positions": (lambda p=torch.arange(4064, 4096): rope.cos_sin(p), 4),  # angles: the check reads memory
+        "cos_sin of 100 positions": (lambda p=torch.arange(100): rope.cos_sin(p), 8),  # check 4 (on the tensor), angles 4
+        "apply_ no table, 7 tokens": (lambda p=torch.arange(7): rope.apply_(q7, k7, p), 5),  # angles 4, rows 1
     }
     over = {}
     for name, (fn, budget) in budgets.items():

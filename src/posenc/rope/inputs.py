@@ -7,6 +7,7 @@ without a host sync. They raise through `posenc.errors`.
 
 from __future__ import annotations
 
+import ctypes
 from typing import Any
 
 import torch
@@ -19,6 +20,7 @@ __all__ = ["check_x", "check_positions", "check_pair", "check_position_values"]
 
 _RANKS = {"bhtd": 4, "bthd": 4, "thd": 3}  # the layouts q and k may come in, and their ranks
 _compiling = torch.compiler.is_compiling  # bound once: the decode hot path calls it
+_READ_LIMIT = 64  # positions read in Python below this many: cheaper than the ops of a check on the tensor
 
 
 def check_x(head_dim: int, arg: str, x: torch.Tensor, layout: str) -> None:
@@ -85,10 +87,21 @@ def check_positions(position_ids: Any, x: torch.Tensor, layout: str, arg: str) -
 
 
 def check_position_values(position_ids: torch.Tensor, allow_negative: bool) -> None:
-    """The value check of `errors.positions` (>= 0 unless allowed, |p| <= 2**53) in one pass and no host sync:
-    a clamp, a compare, an `all` (skipped for one position) and the assert: 3-4 ops, where two separate checks
-    cost 8. For int64 positions (narrower ones take `errors.positions`)."""
+    """The value check of `errors.positions` (>= 0 unless allowed, |p| <= 2**53) for int64 positions, no host
+    sync. A few contiguous CPU positions (a decode batch) are read from memory in Python, no torch op; others
+    take one pass on their device: a clamp, a compare, an `all` (skipped for one position) and the assert,
+    4 ops where two separate checks cost 8."""
     low = -MAX_POSITION if allow_negative else 0
+    n = position_ids.numel()
+    if 0 < n <= _READ_LIMIT and position_ids.is_cpu and position_ids.is_contiguous() and not _compiling():
+        try:
+            values = (ctypes.c_int64 * n).from_address(position_ids.data_ptr())
+        except RuntimeError:  # no memory to read (a torch.func wrapper): the check on the tensor below
+            pass
+        else:
+            if low <= min(values) and max(values) <= MAX_POSITION:
+                return
+            fail("position_ids", *_out_of_range(position_ids, allow_negative))
     ok = position_ids.clamp(low, MAX_POSITION) == position_ids
     if ok.numel() != 1:
         ok = ok.all()
