@@ -16,13 +16,14 @@ def test_bench_rows_summary_and_plot(tmp_path, monkeypatch):
     rows, notes = bench.run(["tiny 2x3x5x128 @40", "decode 32x32x1x128 @4095"], [torch.float32], rounds=1,
                             quick=True, progress=lambda _: None)
     names = {r["provider"] for r in rows}
-    assert {"copy_ (floor)", "clone (floor)", "posenc apply_", "posenc apply", "posenc reference"} <= names
+    assert {"copy_ (floor)", "clone (floor)", "posenc apply_ (held table)", "posenc apply (held table)",
+            "posenc apply_ (no table)", "posenc apply (no table)", "posenc reference"} <= names
     for r in rows:
         assert set(r) == set(bench.FIELDS)
         assert r["p20_ms"] <= r["p50_ms"] <= r["p80_ms"]
         if r["provider"] == "copy_ (floor)":
             assert r["x_copy"] == 1.0
-    assert {r["peak_extra_mib"] for r in rows if r["provider"] == "posenc apply_"} == {0.0}  # in place: no temporary
+    assert {r["peak_extra_mib"] for r in rows if r["provider"] == "posenc apply_ (held table)"} == {0.0}  # in place: no temporary
     for r in rows:  # every rotation checked once against the float64 oracle; floors are not rotations
         if "floor" in r["provider"]:
             assert math.isnan(r["max_abs_err"])
@@ -33,7 +34,7 @@ def test_bench_rows_summary_and_plot(tmp_path, monkeypatch):
     with open(path) as f:
         assert len(list(csv.DictReader(f))) == len(rows)
     text = bench.summary(rows, notes)
-    assert "## decode 32x32x1x128 @4095, float32" in text and "| posenc apply_ | yes |" in text
+    assert "## decode 32x32x1x128 @4095, float32" in text and "| posenc apply_ (held table) | yes |" in text
     pytest.importorskip("matplotlib")
     assert bench.plot(path, tmp_path / "rows.png").stat().st_size > 0
 

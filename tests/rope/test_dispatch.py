@@ -26,18 +26,22 @@ def calls(monkeypatch):
     return counted
 
 
-@pytest.mark.parametrize("with_table", [False, True], ids=["no-table", "table"])
+@pytest.mark.parametrize("case", ["table", "no-table", "no-table-batch", "no-table-int32"])
 @pytest.mark.parametrize("inplace", [True, False], ids=["apply_", "apply"])
-def test_one_question_and_one_kernel_call_per_rotation(calls, with_table, inplace):
+def test_one_question_and_one_kernel_call_per_rotation(calls, case, inplace):
     rope = Rope(head_dim=64)
     q, k, pos = torch.randn(2, 4, 3, 64), torch.randn(2, 2, 3, 64), torch.tensor([7, 8, 9])
-    table = rope.table(16) if with_table else None
+    if case == "no-table-batch":  # [b, t] positions
+        pos = torch.stack((pos, pos + 5))
+    if case == "no-table-int32":  # int32 positions: the general path (dispatch.rotate, then cpu.rope)
+        pos = pos.int()
+    table = rope.table(16) if case == "table" else None
     expected = rope.apply(q, k, pos, impl="reference")
     calls.clear()
     got = (rope.apply_ if inplace else rope.apply)(q, k, pos, table=table)
     assert torch.equal(got[0], expected[0]) and torch.equal(got[1], expected[1])
-    # with a held table the hot path packs the struct itself (pack_args is the precompiled packer, not a question)
-    kernel_call = {"pack_args": 1} if with_table else {"rope": 1}
+    # [t] positions take rotate_held, which packs the struct itself (pack_args is the packer, not a question)
+    kernel_call = {"rope": 1} if case == "no-table-int32" else {"pack_args": 1}
     assert calls == {"entry": 1, **kernel_call}
 
 

@@ -203,10 +203,11 @@ def test_in_place_refuses_q_and_k_sharing_memory_and_keeps_split_views():
         "k": (randn(2, 4, 3, 8), x.flatten().as_strided((2, 4, 3, 8), (96, 24, 4, 1))),  # rows meet
     }
     for arg, (q, k) in repeats.items():
-        before = x.clone()
-        with pytest.raises(PosencError, match=f"^{arg}: expected a tensor whose elements are distinct memory"):
-            rope.apply_(q, k, pos)
-        assert torch.equal(x, before), arg
+        for table in (None, rope.table(8)):
+            before = x.clone()
+            with pytest.raises(PosencError, match=f"^{arg}: expected a tensor whose elements are distinct memory"):
+                rope.apply_(q, k, pos, table=table)
+            assert torch.equal(x, before), arg
     q, k = randn(2, 4, 3, 8), randn(2, 4, 3, 8, seed=1)
     x0 = x.clone()
     with pytest.raises(PosencError, match="shares no memory"):

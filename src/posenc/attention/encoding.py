@@ -83,7 +83,13 @@ def _rotate(rope: Rope, q: torch.Tensor, k: torch.Tensor, q_pos: torch.Tensor, k
         assert_values(arg, (pos >= 0).all(), "positions >= 0 (a Rope rotates by the position)",
                       lambda pos=pos: Raw(f"min {int(pos.min())}"))
     if not rope.scaling.depends_on_length:  # one table whatever the length: the fast path (kernels)
-        return rope.rotate(q, q_pos, table=table), rope.rotate(k, k_pos, table=table)
+        if table is not None:
+            return rope.rotate(q, q_pos, table=table), rope.rotate(k, k_pos, table=table)
+        # no table: the angles of q's and k's positions made once (one product, one cos, one sin for both)
+        tq = q_pos.shape[-1]
+        cos, sin = rope.cos_sin(torch.cat((q_pos, k_pos), -1), allow_negative=True)  # [b, tq + tk, r/2] (checked)
+        return (dispatch.rotate(q, None, cos[:, :tq], sin[:, :tq], None, rope.pairing)[0],
+                dispatch.rotate(k, None, cos[:, tq:], sin[:, tq:], None, rope.pairing)[0])
     if seq_len is not None:
         lengths = torch.full((q_pos.shape[0],), int(seq_len), dtype=torch.long, device=q_pos.device)  # [b]
     else:

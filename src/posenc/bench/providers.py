@@ -40,8 +40,10 @@ def providers(quick: bool) -> tuple[list[Provider], list[str]]:
         Provider("copy_ (floor)", True, lambda q, k, *_: _copy_into(q, k)),
         Provider("clone (floor)", False, lambda q, k, *_: lambda: (q.clone(), k.clone())),
         Provider("clone into huge pages (floor)", False, _clone_huge),
-        Provider("posenc apply_", True, _posenc(rope, True), "split_half"),
-        Provider("posenc apply", False, _posenc(rope, False), "split_half"),
+        Provider("posenc apply_ (held table)", True, _posenc(rope, True), "split_half"),
+        Provider("posenc apply (held table)", False, _posenc(rope, False), "split_half"),
+        Provider("posenc apply_ (no table)", True, lambda q, k, pos, *_: lambda: rope.apply_(q, k, pos), "split_half"),
+        Provider("posenc apply (no table)", False, lambda q, k, pos, *_: lambda: rope.apply(q, k, pos), "split_half"),
         Provider("posenc reference", False, lambda q, k, pos, *_: lambda: rope.apply(q, k, pos, impl="reference"),
                  "split_half"),
         Provider("complex multiply, in place", True, _complex_inplace, "interleaved"),
@@ -93,7 +95,8 @@ def providers(quick: bool) -> tuple[list[Provider], list[str]]:
 
 
 def _posenc(rope, inplace: bool):
-    """posenc's default path with a held table (`rope.table`, made once, outside the timed call), as a decode loop runs."""
+    """posenc's default path with a held table (`rope.table`, made once, outside the timed call), as a decode loop
+    runs; the "(no table)" providers time the plain call `rope.apply(_)(q, k, pos)`, angles made per call."""
     def make(q, k, pos, *_):
         table = rope.table(int(pos.max()) + 1)
         fn = rope.apply_ if inplace else rope.apply
@@ -129,7 +132,7 @@ def _copy_into(q, k):
 
 def _clone_huge(q, k, *_):
     """Fresh outputs advised as the kernel advises its own (transparent huge pages), then `copy_`: the
-    allocating floor for the same memory strategy as `posenc apply`."""
+    allocating floor for the same memory strategy as `posenc apply (held table)`."""
     from ..kernels.cpu import advise_huge_pages
 
     def run():

@@ -19,6 +19,7 @@ device (`torch._assert_async`).
 
 from __future__ import annotations
 
+import ctypes
 import os
 
 import torch
@@ -27,6 +28,7 @@ from ..errors import Raw, assert_values, fail
 from ..errors.tensors import transformed as _transformed
 from ..kernels import IMPLS, cpu
 from ..kernels.constants import MAX_HEAD_DIM, MAX_ROTARY_DIM, fits
+from .aliasing import overlaps_itself
 from .apply import apply_rope
 
 __all__ = ["rotate", "rotate_held", "choose", "triton_available", "check_rows"]
@@ -37,6 +39,9 @@ _increment_version = getattr(torch._C, "_increment_version", None) or torch.auto
 # the hot path's names bound once (each attribute lookup is a visible share of a decode call)
 Tensor, _INT64, _grad_enabled, _num_threads = torch.Tensor, torch.int64, torch.is_grad_enabled, torch.get_num_threads
 _inference_mode, _compiling = torch.is_inference_mode_enabled, torch.compiler.is_compiling
+# one int64 zero in immutable memory: the row of a one-token call without a table (`rotate_held(rows=None)`)
+_ZERO_ROW = bytes(8)
+_ZERO_ROW_ADDRESS = ctypes.cast(ctypes.c_char_p(_ZERO_ROW), ctypes.c_void_p).value
 
 
 def triton_available() -> bool:
@@ -121,9 +126,11 @@ def _unview4(x4: torch.Tensor, layout: str) -> torch.Tensor:
 
 def _per_token_rows(cos: torch.Tensor, sin: torch.Tensor):
     """Per-token tables `[t, r/2]` / `[b, t, r/2]` as rows `[n, r/2]` and the row of each token `[t]` / `[b, t]`."""
+    if cos.ndim == 2:  # [t, r/2]: token i reads row i
+        return cos.contiguous(), sin.contiguous(), torch.arange(cos.shape[0], device=cos.device)
     t = cos.shape[-2]
-    rows = torch.arange(cos.shape[:-1].numel(), device=cos.device)  # [b * t] or [t]
-    rows = rows.view(cos.shape[0], t) if cos.ndim == 3 else rows  # [b, t] or [t]
+    rows = torch.arange(cos.shape[:-1].numel(), device=cos.device)  # [b * t]
+    rows = rows.view(cos.shape[0], t)  # [b, t]
     return cos.reshape(-1, cos.shape[-1]).contiguous(), sin.reshape(-1, sin.shape[-1]).contiguous(), rows
 
 
@@ -213,21 +220,23 @@ def rotate_held(q: torch.Tensor, k: torch.Tensor, rows: torch.Tensor, held: tupl
 
     Args:
         q, k: `[b, hq, t, d]` / `[b, hk, t, d]` ("bhtd") or `[b, t, hq, d]` / `[b, t, hk, d]` ("bthd").
-        rows: the table row (position) of each token, `[t]` or `[b, t]`.
+        rows: the table row (position) of each token, `[t]` or `[b, t]`; None for one token (t = 1) reading
+            row 0 (a one-row table of that token's angles: `Rope.apply` without a table).
         held: the table's `RopeTable.held` (its CPU addresses, sizes and pairing code; rows the kernel holds).
     Returns:
         `(q_rotated, k_rotated)` (q and k themselves when `inplace`), or None when the call is one for
         `rotate`'s general path, with nothing written: other metadata, a row outside the table, q and k
         whose memory ranges meet (the general path decides exactly, and refuses or rotates).
     """
-    if type(q) is not Tensor or type(k) is not Tensor or type(rows) is not Tensor:
+    if type(q) is not Tensor or type(k) is not Tensor:
         return None
     dtype = q.dtype
-    if (k.dtype is not dtype or rows.dtype is not _INT64 or not (q.is_cpu and k.is_cpu and rows.is_cpu)
-            or _grad_enabled() and (q.requires_grad or k.requires_grad)):
+    if (k.dtype is not dtype or not (q.is_cpu and k.is_cpu) or _grad_enabled() and (q.requires_grad or k.requires_grad)
+            or rows is not None and (type(rows) is not Tensor or rows.dtype is not _INT64 or not rows.is_cpu
+                                     or not rows.is_contiguous())):
         return None
-    qs, ks, rs = q.shape, k.shape, rows.shape
-    if len(qs) != 4 or len(ks) != 4 or not rows.is_contiguous():
+    qs, ks = q.shape, k.shape
+    if len(qs) != 4 or len(ks) != 4:
         return None
     if layout == "bhtd":
         b, hq, t, d = qs
@@ -240,6 +249,7 @@ def rotate_held(q: torch.Tensor, k: torch.Tensor, rows: torch.Tensor, held: tupl
     cos, sin, n, half, pairing = held
     if kb != b or kt != t or d != head_dim or kd != d:
         return None
+    rs = (1,) if rows is None else rows.shape
     if len(rs) == 1 and rs[0] == t:
         rows_b = 0
     elif len(rs) == 2 and rs[1] == t and rs[0] in (1, b):
@@ -250,12 +260,15 @@ def rotate_held(q: torch.Tensor, k: torch.Tensor, rows: torch.Tensor, held: tupl
     if run is None:
         return None
     try:
-        qp, kp, rp, q4, k4 = q.data_ptr(), k.data_ptr(), rows.data_ptr(), q.stride(), k.stride()  # layout's dims
+        qp, kp, q4, k4 = q.data_ptr(), k.data_ptr(), q.stride(), k.stride()  # layout's dims
+        rp = _ZERO_ROW_ADDRESS if rows is None else rows.data_ptr()
     except RuntimeError:  # no memory to read (a torch.func wrapper): the general path runs the reference
         return None
     if inplace:
         if not _inference_mode() and (q.is_inference() or k.is_inference()):
             return None  # torch allows no in-place update of an inference tensor here: the general path says so
+        if not q.is_contiguous() and overlaps_itself(q) or not k.is_contiguous() and overlaps_itself(k):
+            return None  # rows as_strided made to meet (the kernel refuses q and k that meet, and stride 0)
         q_out, k_out, qop, kop, qo4, ko4, flags = q, k, qp, kp, q4, k4, cpu.FLAG_CHECK_OVERLAP
     else:
         q_out, k_out = torch.empty_like(q), torch.empty_like(k)  # q's and k's strides (dense inputs)

@@ -7,18 +7,20 @@ without a host sync. They raise through `posenc.errors`.
 
 from __future__ import annotations
 
+import ctypes
 from typing import Any
 
 import torch
 
-from ..errors import Raw, check_float_tensor, choice, fail, positions
+from ..errors import MAX_POSITION, Raw, assert_values, check_float_tensor, choice, fail, positions
 from .aliasing import written_twice
 from .apply import LAYOUTS
 
-__all__ = ["check_x", "check_positions", "check_pair"]
+__all__ = ["check_x", "check_positions", "check_pair", "check_position_values"]
 
 _RANKS = {"bhtd": 4, "bthd": 4, "thd": 3}  # the layouts q and k may come in, and their ranks
 _compiling = torch.compiler.is_compiling  # bound once: the decode hot path calls it
+_READ_LIMIT = 64  # positions read in Python below this many: cheaper than the ops of a check on the tensor
 
 
 def check_x(head_dim: int, arg: str, x: torch.Tensor, layout: str) -> None:
@@ -82,3 +84,36 @@ def check_positions(position_ids: Any, x: torch.Tensor, layout: str, arg: str) -
         if b not in (1, x.shape[0]):
             fail("position_ids", f"batch size 1 or {x.shape[0]} (as {arg})", position_ids)
     return position_ids
+
+
+def check_position_values(position_ids: torch.Tensor, allow_negative: bool) -> None:
+    """The value check of `errors.positions` (>= 0 unless allowed, |p| <= 2**53) for int64 positions, no host
+    sync. A few contiguous CPU positions (a decode batch) are read from memory in Python, no torch op; others
+    take one pass on their device: a clamp, a compare, an `all` (skipped for one position) and the assert,
+    4 ops where two separate checks cost 8."""
+    low = -MAX_POSITION if allow_negative else 0
+    n = position_ids.numel()
+    if 0 < n <= _READ_LIMIT and position_ids.is_cpu and position_ids.is_contiguous() and not _compiling():
+        try:
+            values = (ctypes.c_int64 * n).from_address(position_ids.data_ptr())
+        except RuntimeError:  # no memory to read (a torch.func wrapper): the check on the tensor below
+            pass
+        else:
+            if low <= min(values) and max(values) <= MAX_POSITION:
+                return
+            fail("position_ids", *_out_of_range(position_ids, allow_negative))
+    ok = position_ids.clamp(low, MAX_POSITION) == position_ids
+    if ok.numel() != 1:
+        ok = ok.all()
+    expected = ("positions with |p| <= 2**53" if allow_negative
+                else "positions >= 0 (pass allow_negative=True to rotate backwards) and <= 2**53")
+    assert_values("position_ids", ok, expected, explain=lambda: _out_of_range(position_ids, allow_negative))
+
+
+def _out_of_range(position_ids: torch.Tensor, allow_negative: bool) -> tuple[str, Any]:
+    """`(expected, got)` of a failed `check_position_values`, worded as `errors.positions` words them."""
+    lo, hi = int(position_ids.min()), int(position_ids.max())
+    if lo < 0 and not allow_negative:
+        return "positions >= 0 (pass allow_negative=True to rotate backwards)", Raw(f"min {lo}")
+    return ("positions with |p| <= 2**53 (exact in float64; p + 1 and p - q stay within int64)",
+            Raw(f"values in [{lo}, {hi}]"))

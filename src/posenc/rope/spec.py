@@ -14,22 +14,26 @@ rope/inputs.py; the angles are made in rope/tables.py; the implementation is cho
 
 from __future__ import annotations
 
+import ctypes
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
-from ..errors import boolean, choice, fail, integer, positions, real
+from ..errors import MAX_POSITION, boolean, choice, fail, integer, positions, real
+from ..kernels.constants import PAIRING_CODES, fits
 from . import dispatch, tables
 from .apply import PAIRINGS
-from .inputs import check_pair, check_positions, check_x
+from .inputs import check_pair, check_position_values, check_positions, check_x
 from .mrope import check_sections, mrope_axis_map, mrope_cos_sin
 from .scaling import Default, Scaling, check_base, check_seq_len
 from .tables import RopeTable, make_table
 
 __all__ = ["Rope"]
 
-_compiling = torch.compiler.is_compiling  # bound once: the decode hot path calls it
+# bound once: the decode hot path calls them
+_compiling, Tensor, _INT64, _arange = torch.compiler.is_compiling, torch.Tensor, torch.int64, torch.arange
+_int64_at = ctypes.c_int64.from_address  # an int64 read from CPU memory: a decode step's position
 
 
 @dataclass(frozen=True)
@@ -49,6 +53,11 @@ class Rope:
         direction: 1 (position p turns pair i by `+p * inv_freq[i]`, every model but one) or -1 (by
             `-p * inv_freq[i]`: nanochat, whose rotate_half is `cat(x2, -x1)`). It is the sign of the angles
             in every table (`cos_sin`, `table`); `inv_freq` stays the positive ladder.
+
+    The frequency ladder of a scaling that does not depend on the length is computed once, here, and kept
+    with the value (on the CPU, whatever the default device), so a call without a table computes only the
+    angles of the positions it is given.
+
     Raises:
         PosencError: odd or out-of-range widths, a non-positive or non-finite base, unknown pairings,
             sections that do not sum to rotary_dim / 2.
@@ -91,7 +100,16 @@ class Rope:
         if type(self.direction) is not int or self.direction not in (1, -1):  # not True, not -1.0
             fail("direction", "1 or -1 (the sign of the rotation angle)", self.direction)
         # Fail at construction, not at first use, if the scaling cannot serve this width.
-        self.scaling.inv_freq(self.base, rotary, None)
+        with torch.device("cpu"):  # a value's own tensor, also when made under a meta or cuda default device
+            inv, factor = self.scaling.inv_freq(self.base, rotary, None)  # [r/2] float32
+        freq = None if self.scaling.depends_on_length else (inv if self.direction == 1 else -inv)
+        # Not dataclass fields (they stay out of fields(), ==, hash and repr): the signed ladder and its
+        # attention factor, and the C kernel's pairing code when a call without a table may take the decode
+        # path (the ladder is kept, the kernel holds these rows, and cos_sin is this class's own).
+        object.__setattr__(self, "_freq", freq)
+        object.__setattr__(self, "_factor", factor)
+        fast = freq is not None and fits(rotary, head) and type(self).cos_sin is Rope.cos_sin
+        object.__setattr__(self, "_code", PAIRING_CODES[self.pairing] if fast else None)
 
     @classmethod
     def from_hf_config(cls, config: Any, *, layer_type: str | None = None) -> "Rope":
@@ -127,6 +145,11 @@ class Rope:
         inv, factor = self.inv_freq(seq_len)
         return (inv if self.direction == 1 else -inv), factor  # negation is exact: sin(-x) = -sin(x)
 
+    def _ladder(self, seq_len: int | None) -> tuple[torch.Tensor, float]:
+        """`angle_freq(seq_len)`, the kept ladder where the scaling does not depend on the length (not to be
+        changed in place: internal callers only)."""
+        return (self._freq, self._factor) if self._freq is not None else self.angle_freq(seq_len)
+
     def seq_len_for(self, position_ids: torch.Tensor, seq_len: int | None = None) -> int | None:
         """The length a length-dependent scaling sees: `seq_len` if given, else `max(position_ids) + 1`."""
         if seq_len is not None:
@@ -157,6 +180,13 @@ class Rope:
             PosencError: positions that are not integer `[t]`, `[b, t]` or `[3, b, t]` (for multi-axis
                 RoPE) tensors, negative positions unless allowed, a bad `seq_len` or `precision`.
         """
+        freq = self._freq
+        if (type(position_ids) is Tensor and position_ids.dtype is _INT64 and 1 <= position_ids.ndim <= 2
+                and seq_len is None and precision == "float32" and freq is not None and not position_ids.is_meta):
+            check_position_values(position_ids, allow_negative)  # the common call: int64 [t] or [b, t] positions
+            if not position_ids.is_cpu:
+                freq = freq.to(position_ids.device)
+            return tables.float32_cos_sin(position_ids, freq, self._factor)  # [..., r/2]
         position_ids = positions("position_ids", position_ids, shapes=[("t",), ("b", "t"), (3, "b", "t")],
                                  allow_negative=allow_negative,
                                  negative_hint="(pass allow_negative=True to rotate backwards)")
@@ -165,10 +195,12 @@ class Rope:
             expected = "[3, b, t] positions" if self.mrope_section else "[t] or [b, t] (this Rope has no mrope_section)"
             fail("position_ids", expected, position_ids)
         tables.check_precision(precision)
-        inv, factor = self.angle_freq(self.seq_len_for(position_ids, seq_len))
+        inv, factor = self._ladder(self.seq_len_for(position_ids, seq_len))
         if multi_axis:  # [b, t, r/2], each frequency from the axis that drives it
             return mrope_cos_sin(position_ids, inv, self.mrope_section, interleaved=self.mrope_interleaved,
                                  attention_factor=factor, precision=precision)
+        if precision == "float32":
+            return tables.float32_cos_sin(position_ids, inv.to(position_ids.device), factor)  # [..., r/2]
         return tables.cos_sin(position_ids, inv, factor, precision)  # [..., r/2]
 
     def table(self, rows: int, *, seq_len: int | None = None, precision: str = "float32",
@@ -254,7 +286,14 @@ class Rope:
             PosencError: non-float q/k, wrong head_dim, mismatched shapes, non-integer or negative positions,
                 an impl that cannot run here, a table of another Rope or positions outside it.
         """
-        if (type(table) is RopeTable and table.held is not None and table.rope is self and seq_len is None
+        if table is None:
+            if (self._code is not None and seq_len is None and compute_dtype is None and (impl is None or impl == "cpu")
+                    and precision == "float32" and type(position_ids) is Tensor and position_ids.dtype is _INT64
+                    and 1 <= position_ids.ndim <= 2 and position_ids.is_cpu and not _compiling()):  # no table, CPU
+                out = self._rotate_rows(q, k, position_ids, layout, allow_negative, False)
+                if out is not None:
+                    return out
+        elif (type(table) is RopeTable and table.held is not None and table.rope is self and seq_len is None
                 and compute_dtype is None and (impl is None or impl == "cpu") and precision == table.precision
                 and not _compiling()):  # the decode hot path (None: a call for the general path)
             out = dispatch.rotate_held(q, k, position_ids, table.held, layout, self.head_dim, False)
@@ -280,13 +319,50 @@ class Rope:
         Raises:
             PosencError: as `apply`; also q and k that share memory, or a leaf tensor that requires grad.
         """
-        if (type(table) is RopeTable and table.held is not None and table.rope is self and seq_len is None
+        if table is None:
+            if (self._code is not None and seq_len is None and compute_dtype is None and (impl is None or impl == "cpu")
+                    and precision == "float32" and type(position_ids) is Tensor and position_ids.dtype is _INT64
+                    and 1 <= position_ids.ndim <= 2 and position_ids.is_cpu and not _compiling()):  # as in apply
+                out = self._rotate_rows(q, k, position_ids, layout, allow_negative, True)
+                if out is not None:
+                    return out
+        elif (type(table) is RopeTable and table.held is not None and table.rope is self and seq_len is None
                 and compute_dtype is None and (impl is None or impl == "cpu") and precision == table.precision
                 and not _compiling()):  # the decode hot path, as in apply
             out = dispatch.rotate_held(q, k, position_ids, table.held, layout, self.head_dim, True)
             if out is not None:
                 return out
         return self._apply(q, k, position_ids, True, layout, seq_len, precision, allow_negative, compute_dtype, impl, table)
+
+    def _rotate_rows(self, q, k, position_ids, layout, allow_negative, inplace):
+        """`apply(_)` without a table on the CPU, int64 `[t]` or `[b, t]` positions: the angles of these positions
+        only (one product, one cos, one sin), read by the C kernel as a table with a row per token. None, with
+        nothing written, for a call that `dispatch.rotate_held` does not take (then the general path decides,
+        and refuses by name or rotates)."""
+        n = position_ids.numel()
+        if n == 1:  # a decode step: its one position read from CPU memory (no torch op, no sync)
+            try:
+                p = _int64_at(position_ids.data_ptr()).value
+            except RuntimeError:  # no memory to read (a torch.func wrapper): the general path
+                return None
+            if p > MAX_POSITION or p < (-MAX_POSITION if allow_negative else 0):
+                return None  # the general path refuses it by name (after q's and k's own errors)
+            theta = position_ids * self._freq  # [.., r/2]: the position converted to float32, as float32_cos_sin
+            cos, sin = theta.cos(), theta.sin_()
+            if self._factor != 1.0:
+                cos, sin = cos * self._factor, sin * self._factor
+            held = (cos.data_ptr(), sin.data_ptr(), 1, self.rotary_dim // 2, self._code)
+            return dispatch.rotate_held(q, k, None, held, layout, self.head_dim, inplace)  # row 0
+        check_x(self.head_dim, "q", q, layout)  # q's and k's own errors first, as on the general path
+        check_x(self.head_dim, "k", k, layout)
+        check_position_values(position_ids, allow_negative)
+        cos, sin = tables.float32_cos_sin(position_ids, self._freq, self._factor)  # [t, r/2] / [b, t, r/2] each
+        try:
+            held = (cos.data_ptr(), sin.data_ptr(), n, self.rotary_dim // 2, self._code)  # token i reads row i
+        except RuntimeError:  # no memory to read (positions under a torch.func transform): the general path
+            return None
+        rows = _arange(n) if position_ids.ndim == 1 else _arange(n).view(position_ids.shape)  # [t] / [b, t]
+        return dispatch.rotate_held(q, k, rows, held, layout, self.head_dim, inplace)
 
     def _apply(self, q, k, position_ids, inplace, layout, seq_len, precision, allow_negative, compute_dtype, impl, table):
         # apply and apply_ pass every argument by position: keyword passing is a visible share of a decode call

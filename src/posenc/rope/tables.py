@@ -58,7 +58,7 @@ from ..kernels.constants import EXACT_LIMIT, PAIRING_CODES, TWO_PI_PARTS, fits
 if TYPE_CHECKING:
     from .spec import Rope
 
-__all__ = ["RopeTable", "make_table", "TWO_PI_PARTS", "angles", "cos_sin", "cos_sin_from_angles",
+__all__ = ["RopeTable", "make_table", "TWO_PI_PARTS", "angles", "cos_sin", "cos_sin_from_angles", "float32_cos_sin",
            "check_precision", "PRECISIONS"]
 
 Precision = Literal["float32", "exact"]
@@ -136,6 +136,27 @@ def cos_sin(
         `(cos, sin)`, each `[..., r/2]` float32.
     """
     return cos_sin_from_angles(angles(positions, inv_freq, precision), attention_factor)
+
+
+def float32_cos_sin(positions: torch.Tensor, freq: torch.Tensor,
+                    attention_factor: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+    """`cos_sin(positions, freq, attention_factor, "float32")` for checked positions, in the fewest ops: one
+    product, one cos, one sin (and the factor's two products when it is not 1).
+
+    Bit-identical to `cos_sin`: `int * float32` converts each position to float32 (rounded once, as `.float()`)
+    and multiplies in float32 (tests/rope/test_tables_decode.py compares them up to 2**53).
+
+    Args:
+        positions: integer positions `[...]`, already checked (`inputs.check_position_values`).
+        freq: `[r/2]` float32 frequencies on the positions' device (signed by the rope's direction).
+    Returns:
+        `(cos, sin)`, each `[..., r/2]` float32.
+    """
+    theta = positions.unsqueeze(-1) * freq  # [..., r/2] float32
+    cos, sin = theta.cos(), theta.sin_()  # sin in theta's memory: one allocation fewer (prefill tables are MBs)
+    if attention_factor != 1.0:
+        cos, sin = cos * attention_factor, sin * attention_factor
+    return cos, sin
 
 
 @dataclass(frozen=True, eq=False)
