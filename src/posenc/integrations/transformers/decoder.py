@@ -13,9 +13,9 @@ import torch
 
 from ...errors import Raw, fail
 from ...rope.spec import Rope
-from .policy import Record, decide, rerotate_cache
+from .policy import Record, decide, rerotate_cache, rope_positions, same_table
 
-__all__ = ["Options", "Positions", "positions_forward", "rotate", "with_policy"]
+__all__ = ["Options", "Positions", "positions_forward", "rotate", "rotate_one", "with_policy"]
 
 
 @dataclass(frozen=True)
@@ -30,12 +30,13 @@ class Options:
 
 class Positions:
     """A forward's position ids (`[b, t]`, `[1, t]` or `[3, b, t]`) and the length whose table rotates them
-    (None: `max + 1`), travelling where transformers passes (cos, sin)."""
+    (None: `max + 1`), travelling where transformers passes (cos, sin); `pairing`: a pairing that replaces the
+    layer Rope's (channels reordered before the rotation), else None."""
 
-    __slots__ = ("position_ids", "seq_len")
+    __slots__ = ("position_ids", "seq_len", "pairing")
 
-    def __init__(self, position_ids: torch.Tensor, seq_len: int | None) -> None:
-        self.position_ids, self.seq_len = position_ids, seq_len
+    def __init__(self, position_ids: torch.Tensor, seq_len: int | None, pairing: str | None = None) -> None:
+        self.position_ids, self.seq_len, self.pairing = position_ids, seq_len, pairing
 
 
 def positions_forward(table: contextvars.ContextVar) -> Callable:
@@ -66,6 +67,15 @@ def rotate(rope: Rope, q: torch.Tensor, k: torch.Tensor, position_ids: torch.Ten
             q, k = q.float().double(), k.float().double()
     return rope.apply(q, k, position_ids, seq_len=seq_len, precision=options.precision, impl=options.impl,
                       compute_dtype=compute)
+
+
+def rotate_one(rope: Rope, x: torch.Tensor, position_ids: torch.Tensor, options: Options, seq_len: int | None,
+               layout: str) -> torch.Tensor:
+    """One tensor (Gemma 3n / Gemma 4 rotate q and k in separate calls) rotated at `position_ids` by posenc,
+    rounding as `rotate` does."""
+    compute = x.dtype if x.dtype in (torch.bfloat16, torch.float16) and options.impl is None else None
+    return rope.rotate(x, position_ids, layout=layout, seq_len=seq_len, precision=options.precision,
+                       impl=options.impl, compute_dtype=compute)
 
 
 def with_policy(decoder: Any, dependent: dict[int, Rope], options: Options, table: contextvars.ContextVar) -> Callable:
@@ -106,7 +116,7 @@ def _cached_forward(decoder: Any, original: Callable, call: dict[str, Any], cach
              Raw(f"{type(cache).__name__} holding {cached} tokens"))
     embeds = call.get("inputs_embeds")
     if embeds is None:
-        embeds = decoder.embed_tokens(call["input_ids"])  # [b, t, hidden]
+        embeds = decoder.get_input_embeddings()(call["input_ids"])  # [b, t, hidden]; GPT-NeoX: embed_in
     b, t = embeds.shape[:2]
     positions = call.get("position_ids")
     if positions is None:  # as the decoder derives them
@@ -116,6 +126,8 @@ def _cached_forward(decoder: Any, original: Callable, call: dict[str, Any], cach
         fail("position_ids", f"positions shaped like the cached ones {tuple(record.positions.shape[:-1])} + (t,)",
              positions)
     call.update(input_ids=None, inputs_embeds=embeds, position_ids=positions)
+    if record.length == 0:
+        _check_static(cache, cache_name, rope, positions, options)
     length, rerun = decide(rope, record, positions, options.policy)
     if options.policy == "rerotate" and record.length and length != record.table_len:
         rerotate_cache(cache, dependent, record, record.table_len, length)
@@ -139,3 +151,19 @@ def _cached_forward(decoder: Any, original: Callable, call: dict[str, Any], cach
         if getattr(out, "hidden_states", None) is not None:
             out.hidden_states = tuple(h[:, -t:] for h in out.hidden_states)
     return out
+
+
+def _check_static(cache: Any, cache_name: str, rope: Rope, positions: torch.Tensor, options: Options) -> None:
+    """At a cache's first forward (when `generate()` starts): refuse a static cache under "recompute" or
+    "rerotate" if the rule's table can change within its length (its slots cannot be re-run or re-rotated
+    in place); nothing has run yet."""
+    if options.policy not in ("recompute", "rerotate") or not getattr(cache, "is_compileable", False):
+        return
+    limit = cache.get_max_length() if callable(getattr(cache, "get_max_length", None)) else None
+    if not isinstance(limit, int) or limit <= 0:
+        return
+    first = int(rope_positions(positions).max()) + 1
+    if not same_table(rope, first, max(first, limit)):
+        fail(cache_name, f"a DynamicCache for policy={options.policy!r} with the {rope.scaling.name} rule (its table "
+             f"changes between length {first} and the static cache's {limit}; pass policy='freeze' or 'refuse', "
+             "or cache_implementation='dynamic')", Raw(f"{type(cache).__name__} of {limit} slots"))
