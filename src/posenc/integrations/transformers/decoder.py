@@ -13,9 +13,10 @@ import torch
 
 from ...errors import Raw, fail
 from ...rope.spec import Rope
+from ...rope.table import RopeTable
 from .policy import Record, decide, rerotate_cache, rope_positions, same_table
 
-__all__ = ["Options", "Positions", "positions_forward", "rotate", "rotate_one", "with_policy"]
+__all__ = ["Options", "Positions", "Tables", "positions_forward", "rotate", "rotate_one", "with_policy"]
 
 
 @dataclass(frozen=True)
@@ -33,10 +34,37 @@ class Positions:
     (None: `max + 1`), travelling where transformers passes (cos, sin); `pairing`: a pairing that replaces the
     layer Rope's (channels reordered before the rotation), else None."""
 
-    __slots__ = ("position_ids", "seq_len", "pairing")
+    __slots__ = ("position_ids", "seq_len", "pairing", "bounds")
 
-    def __init__(self, position_ids: torch.Tensor, seq_len: int | None, pairing: str | None = None) -> None:
+    def __init__(self, position_ids: torch.Tensor, seq_len: int | None, pairing: str | None = None,
+                 bounds: tuple[int, int] | None = None) -> None:
         self.position_ids, self.seq_len, self.pairing = position_ids, seq_len, pairing
+        self.bounds = bounds  # (min, max) of position_ids, read once per forward (one host sync)
+
+    def span(self) -> tuple[int, int]:
+        """`(min, max)` of the positions, read on first use and shared by every layer of the forward."""
+        if self.bounds is None:
+            lo, hi = torch.aminmax(self.position_ids)
+            self.bounds = (int(lo), int(hi))
+        return self.bounds
+
+
+class Tables:
+    """The `RopeTable` each layer Rope rotates with, held by one patched model (not per call): made again only
+    when a forward needs more rows (doubling), another length under a length-dependent rule, another device or
+    precision. Layers that share a Rope share its table."""
+
+    def __init__(self) -> None:
+        self.held: dict[Rope, RopeTable] = {}
+
+    def table(self, rope: Rope, rows: int, seq_len: int, precision: str, device: torch.device) -> RopeTable:
+        held = self.held.get(rope)
+        length = seq_len if rope.scaling.depends_on_length else None
+        if held is None or held.rows < rows or held.seq_len != length or held.precision != precision \
+                or held.cos.device != device:
+            size = max(rows, 2 * held.rows if held is not None and held.seq_len == length else rows)
+            held = self.held[rope] = rope.table(size, seq_len=length, precision=precision, device=device)
+        return held
 
 
 def positions_forward(table: contextvars.ContextVar) -> Callable:
@@ -49,8 +77,8 @@ def positions_forward(table: contextvars.ContextVar) -> Callable:
     return forward
 
 
-def rotate(rope: Rope, q: torch.Tensor, k: torch.Tensor, position_ids: torch.Tensor, options: Options,
-           seq_len: int | None = None, float32: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+def rotate(rope: Rope, q: torch.Tensor, k: torch.Tensor, positions: Positions, options: Options, tables: Tables,
+           float32: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """q and k rotated at `position_ids` by posenc, rounding as transformers does.
 
     float32/float64 models: posenc's default (float32, float64 for float64 input) is what transformers computes.
@@ -65,6 +93,12 @@ def rotate(rope: Rope, q: torch.Tensor, k: torch.Tensor, position_ids: torch.Ten
         compute = None
         if q.dtype == torch.float64:
             q, k = q.float().double(), k.float().double()
+    position_ids, seq_len = positions.position_ids, positions.seq_len
+    if rope.mrope_section is None and compute is None and position_ids.ndim <= 2:  # q and k on the held table
+        lo, hi = positions.span()
+        if lo >= 0:
+            table = tables.table(rope, hi + 1, hi + 1 if seq_len is None else seq_len, options.precision, q.device)
+            return rope.apply(q, k, position_ids, precision=options.precision, impl=options.impl, table=table)
     return rope.apply(q, k, position_ids, seq_len=seq_len, precision=options.precision, impl=options.impl,
                       compute_dtype=compute)
 

@@ -34,7 +34,7 @@ import torch
 from ...errors import Raw, choice, fail
 from ...kernels import IMPLS
 from ...rope.spec import Rope
-from .decoder import Options, Positions, positions_forward, rotate, rotate_one, with_policy
+from .decoder import Options, Positions, Tables, positions_forward, rotate, rotate_one, with_policy
 from .generation import generation_fixes, innermost
 
 __all__ = ["patch", "unpatch", "is_patched", "POLICIES", "OTHER_ROTATIONS"]
@@ -159,6 +159,7 @@ def _survey(model: Any, options: Options) -> list[tuple[Any, str, Any]]:
         fail("policy", "'recompute', 'freeze' or 'refuse' for multi-axis RoPE with a length-dependent rule "
              "(posenc.rerotate takes [b, t] positions)", "rerotate")
     changes: list[tuple[Any, str, Any]] = []
+    tables = Tables()  # this patch's RopeTables, one per layer Rope
     for index, layer in enumerate(decoder.layers):
         attn = _attention_of(layer, what, index, ropes[index] is None)
         if attn is None:  # a layer without positions and without a rotating module (Qwen3.5's linear attention)
@@ -169,7 +170,7 @@ def _survey(model: Any, options: Options) -> list[tuple[Any, str, Any]]:
             fail("model", "attention modules without an instance-level forward (accelerate hooks or another "
                  "patch put one there)", Raw(f"{what}, layer {index}"))
         form = _form(type(attn).forward, what)
-        rotation = _rotation(ropes[index], options, what, index, model_type in FLOAT32_ROTATION, form)
+        rotation = _rotation(ropes[index], options, what, index, model_type in FLOAT32_ROTATION, form, tables)
         forward = _with_rotation(type(attn).forward, rotation, what)
         changes.append((attn, "forward", types.MethodType(forward, attn)))
     if "forward" in decoder.rotary_emb.__dict__ or "forward" in decoder.__dict__:
@@ -263,7 +264,8 @@ def _content(cell: Any) -> Any:
         return None
 
 
-def _rotation(rope: Rope | None, options: Options, what: str, index: int, float32: bool, form: str) -> Callable:
+def _rotation(rope: Rope | None, options: Options, what: str, index: int, float32: bool, form: str,
+              tables: Tables) -> Callable:
     """posenc's `apply_rotary_pos_emb` for one layer, `(q, k, cos, sin)` or `(x, cos, sin)` (`form`); `cos`
     carries the positions."""
     narrow = None if rope is None or rope.rotary_dim == rope.head_dim else dataclasses.replace(rope, head_dim=rope.rotary_dim)
@@ -284,7 +286,9 @@ def _rotation(rope: Rope | None, options: Options, what: str, index: int, float3
 
     def apply_rotary_pos_emb(q: torch.Tensor, k: torch.Tensor, cos: Any, sin: Any = None, *args: Any, **kwargs: Any):
         use = pick(q, cos)
-        return rotate(use, q, k, _axes(rope, cos.position_ids), options, cos.seq_len, float32)
+        if use.mrope_section is not None and cos.position_ids.ndim == 2:
+            cos = Positions(_axes(use, cos.position_ids), cos.seq_len, cos.pairing)
+        return rotate(use, q, k, cos, options, tables, float32)
 
     def apply_rotary_pos_emb_single(x: torch.Tensor, cos: Any, sin: Any = None, unsqueeze_dim: int = 1, **kwargs: Any):
         use = pick(x, cos)
@@ -302,8 +306,9 @@ def _halves_first(rotation: Callable) -> Callable:
                                         **kwargs: Any):
         def halves(x: torch.Tensor) -> torch.Tensor:
             return x.unflatten(-1, (-1, 2)).transpose(-1, -2).flatten(-2)  # [b, h, t, d]: evens, then odds
-        return rotation(halves(q), halves(k), Positions(cos.position_ids, cos.seq_len, "split_half")
-                        if isinstance(cos, Positions) else cos)
+        if isinstance(cos, Positions):
+            cos = Positions(cos.position_ids, cos.seq_len, "split_half", cos.bounds)
+        return rotation(halves(q), halves(k), cos)
 
     return apply_rotary_pos_emb_interleave
 
