@@ -39,6 +39,44 @@ def run(model, ids, steps):
     return prefill, (time.perf_counter() - start) / steps, tokens
 
 
+def rotation_rounds(rounds: int) -> None:
+    """The rotation alone, llama512 shapes (4 layers, 8 heads of 64): stock's rotary module plus four
+    `apply_rotary_pos_emb` against the patch's four calls on its held tables; interleaved rounds, medians."""
+    import transformers
+    from transformers.models.llama import modeling_llama
+
+    import posenc
+    from posenc.integrations.transformers.decoder import Options, Positions, Tables, rotate
+
+    config = transformers.LlamaConfig(hidden_size=512, num_attention_heads=8, num_key_value_heads=8,
+                                      num_hidden_layers=4)
+    rotary, rope, tables, options = modeling_llama.LlamaRotaryEmbedding(config), posenc.Rope.from_hf_config(config), \
+        Tables(), Options()
+
+    def stock(q, k, pos):
+        cos, sin = rotary(q, pos)
+        for _ in range(4):
+            modeling_llama.apply_rotary_pos_emb(q, k, cos, sin)
+
+    def patched(q, k, pos):
+        marker = Positions(pos, None)  # one per forward, as the patched rotary module returns
+        for _ in range(4):
+            rotate(rope, q, k, marker, options, tables)
+
+    for t, cached in ((256, 0), (1, 256)):
+        q, k = torch.randn(1, 8, t, 64), torch.randn(1, 8, t, 64)
+        pos = torch.arange(cached, cached + t)[None]
+        times = {"stock": [], "patched": []}
+        for r in range(rounds):
+            for name, fn in (("stock", stock), ("patched", patched))[:: 1 if r % 2 else -1]:
+                start = time.perf_counter()
+                fn(q, k, pos)
+                times[name].append(time.perf_counter() - start)
+        a, b = statistics.median(times["stock"]), statistics.median(times["patched"])
+        print(f"rotation, {t} token(s) after {cached}: stock {1e6 * a:7.0f} us   patched {1e6 * b:7.0f} us   "
+              f"patched/stock {b / a:.2f}")
+
+
 def quantiles(values):
     q = statistics.quantiles(values, n=10, method="inclusive") if len(values) > 1 else values * 9
     return q[1], statistics.median(values), q[7]
@@ -51,11 +89,15 @@ def main() -> None:
     parser.add_argument("--decode", type=int, default=32, help="greedy decode steps per repeat")
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--rotation", action="store_true", help="time the rotation alone (llama512 shapes)")
     parser.add_argument("--out", default=None, help="CSV rows (default results/transformers_patch[_MODEL].csv)")
     args = parser.parse_args()
     suffix = "" if args.model == "smollm2" else f"_{args.model}"
     args.out = args.out or str(Path(__file__).parent / "results" / f"transformers_patch{suffix}.csv")
     torch.set_num_threads(args.threads)
+    if args.rotation:
+        rotation_rounds(max(args.repeats, 50))
+        return
 
     import pydoc_data.topics
 
