@@ -140,27 +140,28 @@ def _survey(model: Any, options: Options) -> list[tuple[Any, str, Any]]:
         fail("model", "a transformers model (an nn.Module with a config)", type(model))
     what = f"model type {model_type!r}"
     decoders = [m for m in model.modules() if isinstance(getattr(m, "rotary_emb", None), nn.Module)
-                and isinstance(getattr(m, "layers", None), nn.ModuleList)]
+                and _blocks(m) is not None]
     if len(decoders) != 1:
         for m in model.modules():  # a rotation of another shape says what it is (GPT-J keeps no rotary module)
             if ROTATION in innermost(type(m).forward).__code__.co_names:
                 _form(type(m).forward, what)
-        fail("model", "one decoder module holding `rotary_emb` and `layers` (transformers 5.x layout)",
+        fail("model", "one decoder module holding `rotary_emb` and its layers (`layers`, Falcon's `h`)",
              Raw(f"{what} with {len(decoders)} such modules"))
     decoder = decoders[0]
     try:
         ropes = layer_ropes(config)
     except ValueError as e:
         fail("model", "a config posenc.hf reads (posenc.hf.layer_ropes)", Raw(f"{what}: {e}"))
-    if len(ropes) != len(decoder.layers):
-        fail("model", f"{len(ropes)} decoder layers (config num_hidden_layers)", Raw(f"{what} with {len(decoder.layers)}"))
+    blocks = _blocks(decoder)
+    if len(ropes) != len(blocks):
+        fail("model", f"{len(ropes)} decoder layers (config num_hidden_layers)", Raw(f"{what} with {len(blocks)}"))
     if options.policy == "rerotate" and any(r is not None and r.mrope_section and r.scaling.depends_on_length
                                             for r in ropes):
         fail("policy", "'recompute', 'freeze' or 'refuse' for multi-axis RoPE with a length-dependent rule "
              "(posenc.rerotate takes [b, t] positions)", "rerotate")
     changes: list[tuple[Any, str, Any]] = []
     tables = Tables()  # this patch's RopeTables, one per layer Rope
-    for index, layer in enumerate(decoder.layers):
+    for index, layer in enumerate(blocks):
         attn = _attention_of(layer, what, index, ropes[index] is None)
         if attn is None:  # a layer without positions and without a rotating module (Qwen3.5's linear attention)
             continue
@@ -177,7 +178,7 @@ def _survey(model: Any, options: Options) -> list[tuple[Any, str, Any]]:
         fail("model", "a decoder and rotary module without an instance-level forward", Raw(what))
     table = contextvars.ContextVar("posenc_table_len", default=None)  # this model's, set by its decoder forward
     rotaries = [m for name, m in decoder.named_modules() if type(m).__name__.endswith("RotaryEmbedding")
-                and not name.startswith("layers.")] or [decoder.rotary_emb]
+                and not name.startswith(("layers.", "h."))] or [decoder.rotary_emb]
     if any("forward" in m.__dict__ for m in rotaries):
         fail("model", "rotary modules without an instance-level forward", Raw(what))
     changes += [(m, "forward", positions_forward(table)) for m in rotaries]  # GraniteSWA: one per theta
@@ -189,6 +190,17 @@ def _survey(model: Any, options: Options) -> list[tuple[Any, str, Any]]:
         changes.append((decoder, "forward", with_policy(decoder, dependent, options, table)))
     changes += generation_fixes(model, options, what)
     return changes
+
+
+def _blocks(module: Any) -> Any:
+    """A decoder's layers: the `nn.ModuleList` named `layers` (Falcon: `h`), or None."""
+    import torch.nn as nn
+
+    for name in ("layers", "h"):
+        found = getattr(module, name, None)
+        if isinstance(found, nn.ModuleList):
+            return found
+    return None
 
 
 def _attention_of(layer: Any, what: str, index: int, positionless: bool) -> Any:
