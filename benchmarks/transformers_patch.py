@@ -1,17 +1,20 @@
-"""Stock transformers vs the same model patched by `posenc.integrations.transformers.patch`, on SmolLM2-135M.
+"""Stock transformers vs the same model patched by `posenc.integrations.transformers.patch`.
 
-Two `LlamaForCausalLM` instances on the very same tensors (posenc's loader, `to_transformers`), one of them
-patched (default rule, policy recompute). Per repeat each runs a prefill of N real tokens and greedy decode
+`--model smollm2` (default): two `LlamaForCausalLM` instances on the very same SmolLM2-135M tensors (posenc's
+loader, `to_transformers`); `--model llama512`: a random Llama of hidden 512, 4 layers, 8 heads, and a copy of
+it. One of the two is patched (default rule, policy recompute). Per repeat each runs a prefill of N real tokens and greedy decode
 steps through a `DynamicCache`; the two alternate, and which goes first alternates, so machine load hits
 both alike. 1 thread by default. Writes tidy CSV rows (provider, phase, tokens, p20/p50/p80 ms) and prints
 the median ratio patched / stock (< 1: the patched model is faster). Not a test: compare ratios.
 
     python benchmarks/transformers_patch.py --tokens 256 --decode 32 --repeats 7
+    python benchmarks/transformers_patch.py --model llama512 --repeats 20
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
 import csv
 import statistics
 import time
@@ -36,6 +39,44 @@ def run(model, ids, steps):
     return prefill, (time.perf_counter() - start) / steps, tokens
 
 
+def rotation_rounds(rounds: int) -> None:
+    """The rotation alone, llama512 shapes (4 layers, 8 heads of 64): stock's rotary module plus four
+    `apply_rotary_pos_emb` against the patch's four calls on its held tables; interleaved rounds, medians."""
+    import transformers
+    from transformers.models.llama import modeling_llama
+
+    import posenc
+    from posenc.integrations.transformers.decoder import Options, Positions, Tables, rotate
+
+    config = transformers.LlamaConfig(hidden_size=512, num_attention_heads=8, num_key_value_heads=8,
+                                      num_hidden_layers=4)
+    rotary, rope, tables, options = modeling_llama.LlamaRotaryEmbedding(config), posenc.Rope.from_hf_config(config), \
+        Tables(), Options()
+
+    def stock(q, k, pos):
+        cos, sin = rotary(q, pos)
+        for _ in range(4):
+            modeling_llama.apply_rotary_pos_emb(q, k, cos, sin)
+
+    def patched(q, k, pos):
+        marker = Positions(pos, None)  # one per forward, as the patched rotary module returns
+        for _ in range(4):
+            rotate(rope, q, k, marker, options, tables)
+
+    for t, cached in ((256, 0), (1, 256)):
+        q, k = torch.randn(1, 8, t, 64), torch.randn(1, 8, t, 64)
+        pos = torch.arange(cached, cached + t)[None]
+        times = {"stock": [], "patched": []}
+        for r in range(rounds):
+            for name, fn in (("stock", stock), ("patched", patched))[:: 1 if r % 2 else -1]:
+                start = time.perf_counter()
+                fn(q, k, pos)
+                times[name].append(time.perf_counter() - start)
+        a, b = statistics.median(times["stock"]), statistics.median(times["patched"])
+        print(f"rotation, {t} token(s) after {cached}: stock {1e6 * a:7.0f} us   patched {1e6 * b:7.0f} us   "
+              f"patched/stock {b / a:.2f}")
+
+
 def quantiles(values):
     q = statistics.quantiles(values, n=10, method="inclusive") if len(values) > 1 else values * 9
     return q[1], statistics.median(values), q[7]
@@ -43,25 +84,42 @@ def quantiles(values):
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", choices=("smollm2", "llama512"), default="smollm2")
     parser.add_argument("--tokens", type=int, default=256, help="prefill length (real text)")
     parser.add_argument("--decode", type=int, default=32, help="greedy decode steps per repeat")
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--out", default=str(Path(__file__).parent / "results" / "transformers_patch.csv"))
+    parser.add_argument("--rotation", action="store_true", help="time the rotation alone (llama512 shapes)")
+    parser.add_argument("--out", default=None, help="CSV rows (default results/transformers_patch[_MODEL].csv)")
     args = parser.parse_args()
+    suffix = "" if args.model == "smollm2" else f"_{args.model}"
+    args.out = args.out or str(Path(__file__).parent / "results" / f"transformers_patch{suffix}.csv")
     torch.set_num_threads(args.threads)
+    if args.rotation:
+        rotation_rounds(max(args.repeats, 50))
+        return
 
     import pydoc_data.topics
 
     from posenc.integrations.transformers import patch
     from posenc.models import Decoder, embedded_model_path, load_tokenizer, to_transformers
 
-    path = embedded_model_path()
-    decoder = Decoder.from_pretrained(path)
-    stock, patched = to_transformers(decoder), patch(to_transformers(decoder))
-    topics = pydoc_data.topics.topics
-    text = "\n".join(topics[k] for k in sorted(topics))
-    ids = torch.tensor([load_tokenizer(path).encode(text[: args.tokens * 8])[: args.tokens]])
+    if args.model == "llama512":
+        import transformers
+
+        config = transformers.LlamaConfig(vocab_size=32000, hidden_size=512, intermediate_size=1376,
+                                          num_hidden_layers=4, num_attention_heads=8, num_key_value_heads=8)
+        torch.manual_seed(0)
+        stock = transformers.LlamaForCausalLM(config).eval()
+        patched = patch(copy.deepcopy(stock))
+        ids = torch.randint(0, 32000, (1, args.tokens), generator=torch.Generator().manual_seed(1))
+    else:
+        path = embedded_model_path()
+        decoder = Decoder.from_pretrained(path)
+        stock, patched = to_transformers(decoder), patch(to_transformers(decoder))
+        topics = pydoc_data.topics.topics
+        text = "\n".join(topics[k] for k in sorted(topics))
+        ids = torch.tensor([load_tokenizer(path).encode(text[: args.tokens * 8])[: args.tokens]])
     models = {"transformers": stock, "transformers+posenc": patched}
     times = {(name, phase): [] for name in models for phase in ("prefill", "decode")}
     outputs = {}
@@ -81,14 +139,17 @@ def main() -> None:
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     with open(args.out, "w", newline="") as f:
         writer = csv.writer(f)
-        writer.writerow(["provider", "phase", "tokens", "threads", "p20_ms", "p50_ms", "p80_ms"])
+        writer.writerow(["model", "provider", "phase", "tokens", "threads", "p20_ms", "p50_ms", "p80_ms"])
         for (name, phase), values in times.items():
-            writer.writerow([name, phase, args.tokens, args.threads, *(f"{1e3 * v:.3f}" for v in quantiles(values))])
-    print(f"\nSmolLM2-135M fp32, {args.threads} thread(s), prefill {args.tokens} tokens, decode {args.decode} steps "
+            writer.writerow([args.model, name, phase, args.tokens, args.threads,
+                             *(f"{1e3 * v:.3f}" for v in quantiles(values))])
+    print(f"\n{args.model} fp32, {args.threads} thread(s), prefill {args.tokens} tokens, decode {args.decode} steps "
           f"after it, {args.repeats} alternating repeats (median ms)")
     for phase in ("prefill", "decode"):
         a, b = (statistics.median(times[n, phase]) for n in models)
-        print(f"{phase:8s} transformers {1e3 * a:8.2f}   patched {1e3 * b:8.2f}   patched/stock {b / a:.3f}")
+        ratios = [p / q for p, q in zip(times["transformers+posenc", phase], times["transformers", phase])]
+        print(f"{phase:8s} transformers {1e3 * a:8.2f}   patched {1e3 * b:8.2f}   patched/stock {b / a:.3f}   "
+              f"median of per-round ratios {statistics.median(ratios):.3f}")
     print(f"rows: {args.out}")
 
 

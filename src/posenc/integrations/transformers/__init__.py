@@ -8,6 +8,6 @@
   Qwen2-VL / Qwen3-VL positions).
 """
 
-from .patch import POLICIES, SUPPORTED_MODEL_TYPES, is_patched, patch, unpatch
+from .patch import POLICIES, is_patched, patch, unpatch
 
-__all__ = ["patch", "unpatch", "is_patched", "POLICIES", "SUPPORTED_MODEL_TYPES"]
+__all__ = ["patch", "unpatch", "is_patched", "POLICIES"]

@@ -13,9 +13,10 @@ import torch
 
 from ...errors import Raw, fail
 from ...rope.spec import Rope
-from .policy import Record, decide, rerotate_cache
+from ...rope.table import RopeTable
+from .policy import Record, decide, rerotate_cache, rope_positions, same_table
 
-__all__ = ["Options", "Positions", "positions_forward", "rotate", "with_policy"]
+__all__ = ["Options", "Positions", "Tables", "positions_forward", "rotate", "rotate_one", "with_policy"]
 
 
 @dataclass(frozen=True)
@@ -30,12 +31,40 @@ class Options:
 
 class Positions:
     """A forward's position ids (`[b, t]`, `[1, t]` or `[3, b, t]`) and the length whose table rotates them
-    (None: `max + 1`), travelling where transformers passes (cos, sin)."""
+    (None: `max + 1`), travelling where transformers passes (cos, sin); `pairing`: a pairing that replaces the
+    layer Rope's (channels reordered before the rotation), else None."""
 
-    __slots__ = ("position_ids", "seq_len")
+    __slots__ = ("position_ids", "seq_len", "pairing", "bounds")
 
-    def __init__(self, position_ids: torch.Tensor, seq_len: int | None) -> None:
-        self.position_ids, self.seq_len = position_ids, seq_len
+    def __init__(self, position_ids: torch.Tensor, seq_len: int | None, pairing: str | None = None,
+                 bounds: tuple[int, int] | None = None) -> None:
+        self.position_ids, self.seq_len, self.pairing = position_ids, seq_len, pairing
+        self.bounds = bounds  # (min, max) of position_ids, read once per forward (one host sync)
+
+    def span(self) -> tuple[int, int]:
+        """`(min, max)` of the positions, read on first use and shared by every layer of the forward."""
+        if self.bounds is None:
+            lo, hi = torch.aminmax(self.position_ids)
+            self.bounds = (int(lo), int(hi))
+        return self.bounds
+
+
+class Tables:
+    """The `RopeTable` each layer Rope rotates with, held by one patched model (not per call): made again only
+    when a forward needs more rows (doubling), another length under a length-dependent rule, another device or
+    precision. Layers that share a Rope share its table."""
+
+    def __init__(self) -> None:
+        self.held: dict[Rope, RopeTable] = {}
+
+    def table(self, rope: Rope, rows: int, seq_len: int, precision: str, device: torch.device) -> RopeTable:
+        held = self.held.get(rope)
+        length = seq_len if rope.scaling.depends_on_length else None
+        if held is None or held.rows < rows or held.seq_len != length or held.precision != precision \
+                or held.cos.device != device:
+            size = max(rows, 2 * held.rows if held is not None and held.seq_len == length else rows)
+            held = self.held[rope] = rope.table(size, seq_len=length, precision=precision, device=device)
+        return held
 
 
 def positions_forward(table: contextvars.ContextVar) -> Callable:
@@ -48,8 +77,8 @@ def positions_forward(table: contextvars.ContextVar) -> Callable:
     return forward
 
 
-def rotate(rope: Rope, q: torch.Tensor, k: torch.Tensor, position_ids: torch.Tensor, options: Options,
-           seq_len: int | None = None, float32: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+def rotate(rope: Rope, q: torch.Tensor, k: torch.Tensor, positions: Positions, options: Options, tables: Tables,
+           float32: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """q and k rotated at `position_ids` by posenc, rounding as transformers does.
 
     float32/float64 models: posenc's default (float32, float64 for float64 input) is what transformers computes.
@@ -64,8 +93,23 @@ def rotate(rope: Rope, q: torch.Tensor, k: torch.Tensor, position_ids: torch.Ten
         compute = None
         if q.dtype == torch.float64:
             q, k = q.float().double(), k.float().double()
+    position_ids, seq_len = positions.position_ids, positions.seq_len
+    if rope.mrope_section is None and compute is None and position_ids.ndim <= 2:  # q and k on the held table
+        lo, hi = positions.span()
+        if lo >= 0:
+            table = tables.table(rope, hi + 1, hi + 1 if seq_len is None else seq_len, options.precision, q.device)
+            return rope.apply(q, k, position_ids, precision=options.precision, impl=options.impl, table=table)
     return rope.apply(q, k, position_ids, seq_len=seq_len, precision=options.precision, impl=options.impl,
                       compute_dtype=compute)
+
+
+def rotate_one(rope: Rope, x: torch.Tensor, position_ids: torch.Tensor, options: Options, seq_len: int | None,
+               layout: str) -> torch.Tensor:
+    """One tensor (Gemma 3n / Gemma 4 rotate q and k in separate calls) rotated at `position_ids` by posenc,
+    rounding as `rotate` does."""
+    compute = x.dtype if x.dtype in (torch.bfloat16, torch.float16) and options.impl is None else None
+    return rope.rotate(x, position_ids, layout=layout, seq_len=seq_len, precision=options.precision,
+                       impl=options.impl, compute_dtype=compute)
 
 
 def with_policy(decoder: Any, dependent: dict[int, Rope], options: Options, table: contextvars.ContextVar) -> Callable:
@@ -106,7 +150,7 @@ def _cached_forward(decoder: Any, original: Callable, call: dict[str, Any], cach
              Raw(f"{type(cache).__name__} holding {cached} tokens"))
     embeds = call.get("inputs_embeds")
     if embeds is None:
-        embeds = decoder.embed_tokens(call["input_ids"])  # [b, t, hidden]
+        embeds = decoder.get_input_embeddings()(call["input_ids"])  # [b, t, hidden]; GPT-NeoX: embed_in
     b, t = embeds.shape[:2]
     positions = call.get("position_ids")
     if positions is None:  # as the decoder derives them
@@ -116,6 +160,8 @@ def _cached_forward(decoder: Any, original: Callable, call: dict[str, Any], cach
         fail("position_ids", f"positions shaped like the cached ones {tuple(record.positions.shape[:-1])} + (t,)",
              positions)
     call.update(input_ids=None, inputs_embeds=embeds, position_ids=positions)
+    if record.length == 0:
+        _check_static(cache, cache_name, rope, positions, options)
     length, rerun = decide(rope, record, positions, options.policy)
     if options.policy == "rerotate" and record.length and length != record.table_len:
         rerotate_cache(cache, dependent, record, record.table_len, length)
@@ -139,3 +185,19 @@ def _cached_forward(decoder: Any, original: Callable, call: dict[str, Any], cach
         if getattr(out, "hidden_states", None) is not None:
             out.hidden_states = tuple(h[:, -t:] for h in out.hidden_states)
     return out
+
+
+def _check_static(cache: Any, cache_name: str, rope: Rope, positions: torch.Tensor, options: Options) -> None:
+    """At a cache's first forward (when `generate()` starts): refuse a static cache under "recompute" or
+    "rerotate" if the rule's table can change within its length (its slots cannot be re-run or re-rotated
+    in place); nothing has run yet."""
+    if options.policy not in ("recompute", "rerotate") or not getattr(cache, "is_compileable", False):
+        return
+    limit = cache.get_max_length() if callable(getattr(cache, "get_max_length", None)) else None
+    if not isinstance(limit, int) or limit <= 0:
+        return
+    first = int(rope_positions(positions).max()) + 1
+    if not same_table(rope, first, max(first, limit)):
+        fail(cache_name, f"a DynamicCache for policy={options.policy!r} with the {rope.scaling.name} rule (its table "
+             f"changes between length {first} and the static cache's {limit}; pass policy='freeze' or 'refuse', "
+             "or cache_implementation='dynamic')", Raw(f"{type(cache).__name__} of {limit} slots"))

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import contextvars
 import dataclasses
+import inspect
 import types
 from typing import Any, Callable
 
@@ -33,24 +34,22 @@ import torch
 from ...errors import Raw, choice, fail
 from ...kernels import IMPLS
 from ...rope.spec import Rope
-from .decoder import Options, Positions, positions_forward, rotate, with_policy
+from .decoder import Options, Positions, Tables, positions_forward, rotate, rotate_one, with_policy
 from .generation import generation_fixes, innermost
 
-__all__ = ["patch", "unpatch", "is_patched", "POLICIES", "SUPPORTED_MODEL_TYPES"]
+__all__ = ["patch", "unpatch", "is_patched", "POLICIES", "OTHER_ROTATIONS"]
 
 POLICIES = ("recompute", "rerotate", "freeze", "refuse")
-ROTATION = "apply_rotary_pos_emb"  # the module-level function each supported attention forward calls
+ROTATION = "apply_rotary_pos_emb"  # the module-level function each patched attention forward calls
+# DeepSeek-V3's MLA (rope_interleave): interleaved channels of q_pe / k_pe reordered to halves, then rotated
+INTERLEAVE = "apply_rotary_pos_emb_interleave"
+# module-level rotations of another shape, and what they are (named in the refusal)
+OTHER_ROTATIONS = {
+    "apply_rotary_emb": "a complex-number rotation apply_rotary_emb(q, k, freqs_cis) (DeepSeek-V2, Llama 4: "
+                        "freqs_cis from the rotary module, its channels paired as complex numbers)",
+}
 PATCH_ATTR = "_posenc_patch"
 _MISSING = object()
-# Model types whose attention forward is `q, k = apply_rotary_pos_emb(q, k, cos, sin)` (q/k of the head or
-# of its rotary slice) followed by `cache.update(keys, values, layer_idx)`, in transformers 5.x.
-SUPPORTED_MODEL_TYPES = (
-    "llama", "olmo", "olmo2", "olmo3", "starcoder2", "granite", "mistral", "ministral", "mixtral", "qwen2",
-    "qwen2_moe", "qwen3", "qwen3_moe", "gemma", "gemma2", "gemma3", "gemma3_text", "smollm3", "exaone4",
-    "cohere", "cohere2", "glm", "glm4", "phi", "phi3", "stablelm", "persimmon", "gpt_neox", "gpt_oss",
-    "qwen2_vl", "qwen2_vl_text", "qwen2_5_vl", "qwen2_5_vl_text", "qwen3_vl", "qwen3_vl_text", "qwen3_vl_moe",
-    "qwen3_vl_moe_text", "qwen3_5", "qwen3_5_text", "qwen3_5_moe", "qwen3_5_moe_text",
-)
 FLOAT32_ROTATION = ("cohere", "cohere2")  # their apply_rotary_pos_emb casts q and k to float32 for any dtype
 
 
@@ -73,7 +72,8 @@ def patch(model: Any, *, policy: str = "recompute", impl: str | None = None, pre
 
     Args:
         model: a transformers model (`*ForCausalLM`, `*Model`, the VL families' `*ForConditionalGeneration`)
-            of a type in `SUPPORTED_MODEL_TYPES`.
+            whose attention rotates q and k with its module's `apply_rotary_pos_emb(q, k, cos, sin)` (or
+            `(x, cos, sin)`, one tensor per call) fed by the decoder's `rotary_emb`.
         policy: what a cache does when a length-dependent rule (dynamic NTK, LongRoPE) changes the table:
             "recompute" (every cached step equals a fresh full forward), "rerotate", "freeze" or "refuse".
         impl: posenc's rotation implementation (None: the fastest available, bit-identical to transformers'
@@ -139,26 +139,29 @@ def _survey(model: Any, options: Options) -> list[tuple[Any, str, Any]]:
     if not isinstance(model, nn.Module) or model_type is None:
         fail("model", "a transformers model (an nn.Module with a config)", type(model))
     what = f"model type {model_type!r}"
-    if model_type not in SUPPORTED_MODEL_TYPES:
-        fail("model", f"a model type whose attention posenc can patch {list(SUPPORTED_MODEL_TYPES)}", Raw(what))
     decoders = [m for m in model.modules() if isinstance(getattr(m, "rotary_emb", None), nn.Module)
-                and isinstance(getattr(m, "layers", None), nn.ModuleList)]
+                and _blocks(m) is not None]
     if len(decoders) != 1:
-        fail("model", "one decoder module holding `rotary_emb` and `layers` (transformers 5.x layout)",
+        for m in model.modules():  # a rotation of another shape says what it is (GPT-J keeps no rotary module)
+            if ROTATION in innermost(type(m).forward).__code__.co_names:
+                _form(type(m).forward, what)
+        fail("model", "one decoder module holding `rotary_emb` and its layers (`layers`, Falcon's `h`)",
              Raw(f"{what} with {len(decoders)} such modules"))
     decoder = decoders[0]
     try:
         ropes = layer_ropes(config)
     except ValueError as e:
         fail("model", "a config posenc.hf reads (posenc.hf.layer_ropes)", Raw(f"{what}: {e}"))
-    if len(ropes) != len(decoder.layers):
-        fail("model", f"{len(ropes)} decoder layers (config num_hidden_layers)", Raw(f"{what} with {len(decoder.layers)}"))
+    blocks = _blocks(decoder)
+    if len(ropes) != len(blocks):
+        fail("model", f"{len(ropes)} decoder layers (config num_hidden_layers)", Raw(f"{what} with {len(blocks)}"))
     if options.policy == "rerotate" and any(r is not None and r.mrope_section and r.scaling.depends_on_length
                                             for r in ropes):
         fail("policy", "'recompute', 'freeze' or 'refuse' for multi-axis RoPE with a length-dependent rule "
              "(posenc.rerotate takes [b, t] positions)", "rerotate")
     changes: list[tuple[Any, str, Any]] = []
-    for index, layer in enumerate(decoder.layers):
+    tables = Tables()  # this patch's RopeTables, one per layer Rope
+    for index, layer in enumerate(blocks):
         attn = _attention_of(layer, what, index, ropes[index] is None)
         if attn is None:  # a layer without positions and without a rotating module (Qwen3.5's linear attention)
             continue
@@ -167,12 +170,18 @@ def _survey(model: Any, options: Options) -> list[tuple[Any, str, Any]]:
         if "forward" in attn.__dict__:
             fail("model", "attention modules without an instance-level forward (accelerate hooks or another "
                  "patch put one there)", Raw(f"{what}, layer {index}"))
-        forward = _with_rotation(type(attn).forward, _rotation(ropes[index], options, what, index, model_type in FLOAT32_ROTATION), what)
+        form = _form(type(attn).forward, what)
+        rotation = _rotation(ropes[index], options, what, index, model_type in FLOAT32_ROTATION, form, tables)
+        forward = _with_rotation(type(attn).forward, rotation, what)
         changes.append((attn, "forward", types.MethodType(forward, attn)))
     if "forward" in decoder.rotary_emb.__dict__ or "forward" in decoder.__dict__:
         fail("model", "a decoder and rotary module without an instance-level forward", Raw(what))
     table = contextvars.ContextVar("posenc_table_len", default=None)  # this model's, set by its decoder forward
-    changes.append((decoder.rotary_emb, "forward", positions_forward(table)))
+    rotaries = [m for name, m in decoder.named_modules() if type(m).__name__.endswith("RotaryEmbedding")
+                and not name.startswith(("layers.", "h."))] or [decoder.rotary_emb]
+    if any("forward" in m.__dict__ for m in rotaries):
+        fail("model", "rotary modules without an instance-level forward", Raw(what))
+    changes += [(m, "forward", positions_forward(table)) for m in rotaries]  # GraniteSWA: one per theta
     dependent = {i: r for i, r in enumerate(ropes) if r is not None and r.scaling.depends_on_length}
     if dependent:
         scalings = {r.scaling for r in dependent.values()}
@@ -183,16 +192,55 @@ def _survey(model: Any, options: Options) -> list[tuple[Any, str, Any]]:
     return changes
 
 
+def _blocks(module: Any) -> Any:
+    """A decoder's layers: the `nn.ModuleList` named `layers` (Falcon: `h`), or None."""
+    import torch.nn as nn
+
+    for name in ("layers", "h"):
+        found = getattr(module, name, None)
+        if isinstance(found, nn.ModuleList):
+            return found
+    return None
+
+
 def _attention_of(layer: Any, what: str, index: int, positionless: bool) -> Any:
     """The one submodule of a decoder layer whose forward calls `apply_rotary_pos_emb` (None: none there in a
-    layer `posenc.hf.layer_ropes` gives no RoPE, such as a linear-attention layer)."""
+    layer `posenc.hf.layer_ropes` gives no RoPE, such as a linear-attention layer); a rotation of another
+    shape is refused with what it is."""
     found = [m for m in layer.modules() if ROTATION in innermost(type(m).forward).__code__.co_names]
-    if not found and positionless:
-        return None
+    if not found:
+        other = [name for m in layer.modules() for name in innermost(type(m).forward).__code__.co_names
+                 if name in OTHER_ROTATIONS]
+        if other:
+            fail("model", "attention that rotates q and k with a module-level apply_rotary_pos_emb",
+                 Raw(f"{what}, whose attention applies {OTHER_ROTATIONS[other[0]]}"))
+        if positionless:
+            return None
     if len(found) != 1:
         fail("model", f"one attention module calling {ROTATION} in each decoder layer",
              Raw(f"{what}, layer {index}: {len(found)}"))
     return found[0]
+
+
+def _form(fn: Callable, what: str) -> str:
+    """"pair" (`apply_rotary_pos_emb(q, k, cos, sin, ...)`) or "single" (`(x, cos, sin, unsqueeze_dim)`: Gemma 3n,
+    Gemma 4, one tensor per call) for the module-level function an attention forward calls."""
+    rotation = innermost(fn).__globals__.get(ROTATION)
+    try:
+        names = list(inspect.signature(rotation).parameters)[:4]
+    except (TypeError, ValueError):
+        names = []
+    if len(names) >= 4 and names[2:4] == ["cos", "sin"]:
+        return "pair"
+    if len(names) >= 3 and names[1:3] == ["cos", "sin"]:
+        return "single"
+    if len(names) >= 3 and names[1:3] == ["sin", "cos"]:
+        fail("model", "attention that rotates q and k with a module-level apply_rotary_pos_emb(q, k, cos, sin)",
+             Raw(f"{what}, whose attention applies GPT-J's single-tensor interleaved rotation "
+                 "apply_rotary_pos_emb(tensor, sin, cos) to q and k one at a time, from a sin/cos table gathered "
+                 "in the attention (no rotary module that could carry positions)"))
+    fail("model", "attention whose apply_rotary_pos_emb takes (q, k, cos, sin) or (x, cos, sin)",
+         Raw(f"{what}, whose apply_rotary_pos_emb takes {names}"))
 
 
 def _with_rotation(fn: Callable, rotation: Callable, what: str) -> Callable:
@@ -203,6 +251,8 @@ def _with_rotation(fn: Callable, rotation: Callable, what: str) -> Callable:
             fail("model", f"an attention module whose module defines {ROTATION}", Raw(what))
         scope = dict(fn.__globals__)  # a copy: transformers' module keeps its own function
         scope[ROTATION] = rotation
+        if INTERLEAVE in scope:
+            scope[INTERLEAVE] = _halves_first(rotation)
         new = types.FunctionType(fn.__code__, scope, fn.__name__, fn.__defaults__, fn.__closure__)
     else:
         new_inner = _with_rotation(inner, rotation, what)
@@ -226,23 +276,53 @@ def _content(cell: Any) -> Any:
         return None
 
 
-def _rotation(rope: Rope | None, options: Options, what: str, index: int, float32: bool) -> Callable:
-    """posenc's `apply_rotary_pos_emb(q, k, cos, sin)` for one layer; `cos` carries the positions."""
+def _rotation(rope: Rope | None, options: Options, what: str, index: int, float32: bool, form: str,
+              tables: Tables) -> Callable:
+    """posenc's `apply_rotary_pos_emb` for one layer, `(q, k, cos, sin)` or `(x, cos, sin)` (`form`); `cos`
+    carries the positions."""
     narrow = None if rope is None or rope.rotary_dim == rope.head_dim else dataclasses.replace(rope, head_dim=rope.rotary_dim)
 
-    def apply_rotary_pos_emb(q: torch.Tensor, k: torch.Tensor, cos: Any, sin: Any = None, *args: Any, **kwargs: Any):
+    def pick(x: torch.Tensor, cos: Any) -> Rope:
         if rope is None:
             fail("model", f"no rotation in layer {index} (posenc.hf.layer_ropes: this layer applies no RoPE)",
                  Raw(f"{what}, whose attention rotates there"))
-        width = q.shape[-1]
+        width = x.shape[-1]
         if width != rope.head_dim and (narrow is None or width != narrow.head_dim):
-            fail("q", f"last dim {rope.head_dim} or rotary_dim {rope.rotary_dim} (layer {index})", q)
-        use = rope if width == rope.head_dim else narrow
+            fail("q", f"last dim {rope.head_dim} or rotary_dim {rope.rotary_dim} (layer {index})", x)
         if not isinstance(cos, Positions):
             fail("position_embeddings", "the positions posenc's patched rotary module returns", type(cos))
-        return rotate(use, q, k, _axes(rope, cos.position_ids), options, cos.seq_len, float32)
+        use = rope if width == rope.head_dim else narrow
+        if cos.pairing is not None and cos.pairing != use.pairing:  # DeepSeek-V3's reordered channels
+            use = dataclasses.replace(use, pairing=cos.pairing)
+        return use
 
-    return apply_rotary_pos_emb
+    def apply_rotary_pos_emb(q: torch.Tensor, k: torch.Tensor, cos: Any, sin: Any = None, *args: Any, **kwargs: Any):
+        use = pick(q, cos)
+        if use.mrope_section is not None and cos.position_ids.ndim == 2:
+            cos = Positions(_axes(use, cos.position_ids), cos.seq_len, cos.pairing)
+        return rotate(use, q, k, cos, options, tables, float32)
+
+    def apply_rotary_pos_emb_single(x: torch.Tensor, cos: Any, sin: Any = None, unsqueeze_dim: int = 1, **kwargs: Any):
+        use = pick(x, cos)
+        return rotate_one(use, x, _axes(rope, cos.position_ids), options, cos.seq_len,
+                          "bhtd" if unsqueeze_dim == 1 else "bthd")
+
+    return apply_rotary_pos_emb if form == "pair" else apply_rotary_pos_emb_single
+
+
+def _halves_first(rotation: Callable) -> Callable:
+    """DeepSeek-V3's `apply_rotary_pos_emb_interleave`: q and k channels `(x0, y0, x1, y1, ...)` reordered to
+    `(x0, x1, ..., y0, y1, ...)` as transformers does, then rotated by `rotation` in split-half pairing."""
+
+    def apply_rotary_pos_emb_interleave(q: torch.Tensor, k: torch.Tensor, cos: Any, sin: Any = None, *args: Any,
+                                        **kwargs: Any):
+        def halves(x: torch.Tensor) -> torch.Tensor:
+            return x.unflatten(-1, (-1, 2)).transpose(-1, -2).flatten(-2)  # [b, h, t, d]: evens, then odds
+        if isinstance(cos, Positions):
+            cos = Positions(cos.position_ids, cos.seq_len, "split_half", cos.bounds)
+        return rotation(halves(q), halves(k), cos)
+
+    return apply_rotary_pos_emb_interleave
 
 
 def _axes(rope: Rope, position_ids: torch.Tensor) -> torch.Tensor:

@@ -1,0 +1,77 @@
+"""Writes the patch matrix of docs/transformers.md from `tests.helpers.transformers_zoo.conformance` (the function
+tests/integrations/transformers/test_patch_conformance.py asserts on), one row per causal-LM model type.
+
+    PYTHONPATH=src python3 -m tests.helpers.transformers_zoo_matrix [--check] [model_type ...]
+
+The table goes between the markers `<!-- patch-matrix:start -->` and `<!-- patch-matrix:end -->`; with model
+types named, only those are run and printed (the page is not written), or, with `--update`, their rows replaced.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from tests.helpers.transformers_zoo import CHECKS, causal_lm_types, conformance
+
+DOC = Path(__file__).resolve().parents[2] / "docs" / "transformers.md"
+START, END = "<!-- patch-matrix:start -->", "<!-- patch-matrix:end -->"
+
+
+def row(model_type: str, result: dict[str, str]) -> str:
+    if "not built" in result:
+        return f"| `{model_type}` | not built | transformers at the tiny sizes: {_cell(result['not built'])} |"
+    if "refused" in result:
+        return f"| `{model_type}` | refused | {_cell(result['refused'])} |"
+    notes = [f"{k}: {v}" for k, v in result.items() if v not in ("ok", "refused at start")]
+    verdict = "identical" if not [n for n in notes if "n/a" not in n] else "differs"
+    return f"| `{model_type}` | {verdict} | {_cell('; '.join(notes)) or 'every check'} |"
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "/").replace("\n", " ")[:300]
+
+
+def table(rows: list[str]) -> str:
+    counts: dict[str, int] = {}
+    for line in rows:
+        kind = line.split("|")[2].strip()
+        counts[kind] = counts.get(kind, 0) + 1
+    head = (f"{len(rows)} causal-LM model types; " + ", ".join(f"{n} {k}" for k, n in sorted(counts.items()))
+            + f". Checks: {', '.join(CHECKS)} (\"static + recompute\": refused when generate() starts).\n\n"
+            "| model type | patched | notes |\n|---|---|---|")
+    return "\n".join([head, *rows])
+
+
+def page_rows(page: str) -> dict[str, str]:
+    """`{model type: row}` of the matrix on the page."""
+    section = page.split(START, 1)[1].split(END, 1)[0]
+    return {line.split("`")[1]: line for line in section.splitlines() if line.startswith("| `")}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("types", nargs="*", help="model types to run (default: every causal-LM type; writes the page)")
+    parser.add_argument("--update", action="store_true", help="with types named: replace their rows on the page")
+    args = parser.parse_args(argv)
+    types = args.types or causal_lm_types()
+    results = {}
+    for i, model_type in enumerate(types, 1):
+        results[model_type] = conformance(model_type)
+        print(f"[{i}/{len(types)}] {row(model_type, results[model_type])[:160]}", file=sys.stderr, flush=True)
+    rows = {t: row(t, r) for t, r in results.items()}
+    page = DOC.read_text()
+    if args.types and not args.update:
+        print(table(list(rows.values())))
+        return 0
+    if args.update:
+        rows = {**page_rows(page), **rows}
+    before, rest = page.split(START, 1)
+    _, after = rest.split(END, 1)
+    DOC.write_text(f"{before}{START}\n{table([rows[t] for t in sorted(rows)])}\n{END}{after}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

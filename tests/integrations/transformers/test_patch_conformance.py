@@ -1,0 +1,43 @@
+"""`patch()` on every causal-LM model type of the pinned transformers that posenc's enumeration reads, against
+the unpatched model (tests/helpers/transformers_zoo.py `conformance`: tiny random models from the config classes).
+
+Always: a few representative types (Llama; GPT-NeoX, whose embeddings are `embed_in`; DeepSeek-V3's MLA with
+interleaved rope dims; Gemma 3n, which rotates q and k in separate calls; GraniteSWA, one rotary module per
+theta). Every type: `POSENC_ZOO=all pytest tests/integrations/transformers/test_patch_conformance.py`; the
+matrix in docs/transformers.md is written from the same function by `python3 -m tests.helpers.transformers_zoo_matrix`.
+"""
+
+import os
+
+import pytest
+
+pytest.importorskip("transformers")
+
+from tests.helpers.transformers_zoo import causal_lm_types, conformance  # noqa: E402
+
+REPRESENTATIVE = ("llama", "gpt_neox", "deepseek_v3", "gemma3n_text", "granite_swa")
+# refused types and the structural reason their message must give
+# Falcon's layers are `h`, not `layers` (accepted; in the full run)
+REFUSED = {"gptj": "single-tensor interleaved rotation", "codegen": "single-tensor interleaved rotation",
+           "deepseek_v2": "complex-number rotation", "llama4_text": "complex-number rotation"}
+ALL = os.environ.get("POSENC_ZOO") == "all"
+TYPES = causal_lm_types() if ALL else REPRESENTATIVE
+
+
+@pytest.mark.parametrize("model_type", TYPES)
+def test_patched_model_matches_the_unpatched_one(model_type):
+    result = conformance(model_type)
+    if "not built" in result:
+        pytest.skip(f"transformers cannot build {model_type} at the tiny sizes: {result['not built']}")
+    if "refused" in result:
+        assert model_type not in REPRESENTATIVE, result
+        assert "model type" in result["refused"] and "expected" in result["refused"], result
+        return
+    bad = {k: v for k, v in result.items() if v not in ("ok", "refused at start") and not v.startswith("n/a")}
+    assert not bad, bad
+
+
+@pytest.mark.parametrize("model_type", sorted(REFUSED) if ALL else ["gptj", "deepseek_v2"])
+def test_a_type_it_cannot_patch_is_refused_with_the_structural_reason(model_type):
+    result = conformance(model_type)
+    assert REFUSED[model_type] in result.get("refused", ""), result
