@@ -13,7 +13,7 @@ import torch
 
 from ...errors import Raw, fail
 from ...rope.spec import Rope
-from ...rope.table import RopeTable
+from ...rope.tables import RopeTable
 from .policy import Record, decide, rerotate_cache, rope_positions, same_table
 
 __all__ = ["Options", "Positions", "Tables", "positions_forward", "rotate", "rotate_one", "with_policy"]
