@@ -193,11 +193,16 @@ def _check_static(cache: Any, cache_name: str, rope: Rope, positions: torch.Tens
     in place); nothing has run yet."""
     if options.policy not in ("recompute", "rerotate") or not getattr(cache, "is_compileable", False):
         return
-    limit = cache.get_max_length() if callable(getattr(cache, "get_max_length", None)) else None
-    if not isinstance(limit, int) or limit <= 0:
+    layers = list(getattr(cache, "layers", ()))
+    lengths = [n for n in (getattr(layer, "max_cache_len", None) for layer in layers) if isinstance(n, int) and n > 0]
+    if not lengths:
         return
+    limit = max(lengths)
+    if any("Sliding" in type(layer).__name__ for layer in layers):  # a window's slots bound no sequence length
+        limit = 1 << 24
     first = int(rope_positions(positions).max()) + 1
     if not same_table(rope, first, max(first, limit)):
         fail(cache_name, f"a DynamicCache for policy={options.policy!r} with the {rope.scaling.name} rule (its table "
-             f"changes between length {first} and the static cache's {limit}; pass policy='freeze' or 'refuse', "
-             "or cache_implementation='dynamic')", Raw(f"{type(cache).__name__} of {limit} slots"))
+             f"changes between length {first} and the static cache's "
+             f"{'unbounded sliding window' if limit == 1 << 24 else limit}; pass policy='freeze' or 'refuse', "
+             "or cache_implementation='dynamic')", Raw(f"{type(cache).__name__} of {max(lengths)} slots per layer"))

@@ -207,7 +207,7 @@ def _attention_of(layer: Any, what: str, index: int, positionless: bool) -> Any:
     """The one submodule of a decoder layer whose forward calls `apply_rotary_pos_emb` (None: none there in a
     layer `posenc.hf.layer_ropes` gives no RoPE, such as a linear-attention layer); a rotation of another
     shape is refused with what it is."""
-    found = [m for m in layer.modules() if ROTATION in innermost(type(m).forward).__code__.co_names]
+    found = [m for m in layer.modules() if {ROTATION, INTERLEAVE} & set(innermost(type(m).forward).__code__.co_names)]
     if not found:
         other = [name for m in layer.modules() for name in innermost(type(m).forward).__code__.co_names
                  if name in OTHER_ROTATIONS]
@@ -218,7 +218,7 @@ def _attention_of(layer: Any, what: str, index: int, positionless: bool) -> Any:
             return None
     if len(found) != 1:
         fail("model", f"one attention module calling {ROTATION} in each decoder layer",
-             Raw(f"{what}, layer {index}: {len(found)}"))
+             Raw(f"{what}, layer {index}: {len(found)} ({', '.join(type(m).__name__ for m in found)})"))
     return found[0]
 
 
@@ -297,6 +297,9 @@ def _rotation(rope: Rope | None, options: Options, what: str, index: int, float3
         return use
 
     def apply_rotary_pos_emb(q: torch.Tensor, k: torch.Tensor, cos: Any, sin: Any = None, *args: Any, **kwargs: Any):
+        if kwargs.get("unsqueeze_dim", args[0] if args else 1) != 1:
+            fail("model", f"attention rotating [b, h, t, d] q and k (layer {index})",
+                 Raw(f"{what}, whose rotation is called with unsqueeze_dim={kwargs.get('unsqueeze_dim', args[0])}"))
         use = pick(q, cos)
         if use.mrope_section is not None and cos.position_ids.ndim == 2:
             cos = Positions(_axes(use, cos.position_ids), cos.seq_len, cos.pairing)
