@@ -5,7 +5,8 @@ through here with tables in hand, so q and k of a layer take the same path with 
 decides the implementation once, asking the C kernel one question (`kernels.cpu.entry(dtype)`: its foreign
 function or None); then one kernel call runs and the result goes back. The kernels (`posenc.kernels`) are
 leaves: tensors in, tensors out; they know nothing of `Rope`. `rotate_held` is the decode hot path of
-`Rope.apply(_)` with a held table: metadata checks and one C call.
+`Rope.apply(_)` with a held table: metadata checks and one C call; `rotate_fresh` the same path without a
+table, after making the angles of the call's positions.
 
 Autograd: every implementation behaves as a torch op. Allocating calls are differentiable (the kernels
 through the `posenc::rope` custom op, whose backward rotates by -theta). In place, a tensor that requires
@@ -24,14 +25,16 @@ import os
 
 import torch
 
-from ..errors import Raw, assert_values, fail
+from ..errors import MAX_POSITION, Raw, assert_values, fail
 from ..errors.tensors import transformed as _transformed
 from ..kernels import IMPLS, cpu
 from ..kernels.constants import MAX_HEAD_DIM, MAX_ROTARY_DIM, fits
 from .aliasing import overlaps_itself
 from .apply import apply_rope
+from .inputs import check_position_values, check_x
+from .tables import float32_cos_sin
 
-__all__ = ["rotate", "rotate_held", "choose", "triton_available", "check_rows"]
+__all__ = ["rotate", "rotate_held", "rotate_fresh", "choose", "triton_available", "check_rows"]
 
 # torch.autograd.graph.increment_version without its Python wrapper (a visible share of a decode call, see
 # benchmarks/call_overhead.py); the public function where a torch lacks the private one
@@ -39,6 +42,7 @@ _increment_version = getattr(torch._C, "_increment_version", None) or torch.auto
 # the hot path's names bound once (each attribute lookup is a visible share of a decode call)
 Tensor, _INT64, _grad_enabled, _num_threads = torch.Tensor, torch.int64, torch.is_grad_enabled, torch.get_num_threads
 _inference_mode, _compiling = torch.is_inference_mode_enabled, torch.compiler.is_compiling
+_int64_at = ctypes.c_int64.from_address  # an int64 read from CPU memory: a decode step's position
 # one int64 zero in immutable memory: the row of a one-token call without a table (`rotate_held(rows=None)`)
 _ZERO_ROW = bytes(8)
 _ZERO_ROW_ADDRESS = ctypes.cast(ctypes.c_char_p(_ZERO_ROW), ctypes.c_void_p).value
@@ -285,6 +289,43 @@ def rotate_held(q: torch.Tensor, k: torch.Tensor, rows: torch.Tensor, held: tupl
     if inplace:  # the kernel wrote through ctypes: tell autograd, as a torch in-place op would
         _increment_version((q, k))
     return q_out, k_out
+
+
+def rotate_fresh(q: torch.Tensor, k: torch.Tensor, position_ids: torch.Tensor, rope, layout: str,
+                 allow_negative: bool, inplace: bool):
+    """`Rope.apply(_)` without a table on the CPU, int64 `[t]` or `[b, t]` positions: the angles of these
+    positions only (one product, one cos, one sin, from the ladder the `Rope` keeps), read by the C kernel as a
+    table with a row per token through `rotate_held`. The caller checked that `rope._code` is set (the ladder
+    is kept and the kernel holds these rows).
+
+    Returns:
+        As `rotate_held`: None, with nothing written, for a call it does not take (then the general path
+        decides, and refuses by name or rotates).
+    """
+    n = position_ids.numel()
+    if n == 1:  # a decode step: its one position read from CPU memory (no torch op, no sync)
+        try:
+            p = _int64_at(position_ids.data_ptr()).value
+        except RuntimeError:  # no memory to read (a torch.func wrapper): the general path
+            return None
+        if p > MAX_POSITION or p < (-MAX_POSITION if allow_negative else 0):
+            return None  # the general path refuses it by name (after q's and k's own errors)
+        theta = position_ids * rope._freq  # [.., r/2]: the position converted to float32, as float32_cos_sin
+        cos, sin = theta.cos(), theta.sin_()
+        if rope._factor != 1.0:
+            cos, sin = cos * rope._factor, sin * rope._factor
+        held = (cos.data_ptr(), sin.data_ptr(), 1, rope.rotary_dim // 2, rope._code)
+        return rotate_held(q, k, None, held, layout, rope.head_dim, inplace)  # row 0
+    check_x(rope.head_dim, "q", q, layout)  # q's and k's own errors first, as on the general path
+    check_x(rope.head_dim, "k", k, layout)
+    check_position_values(position_ids, allow_negative)
+    cos, sin = float32_cos_sin(position_ids, rope._freq, rope._factor)  # [t, r/2] / [b, t, r/2] each
+    try:
+        held = (cos.data_ptr(), sin.data_ptr(), n, rope.rotary_dim // 2, rope._code)  # token i reads row i
+    except RuntimeError:  # no memory to read (positions under a torch.func transform): the general path
+        return None
+    rows = torch.arange(n) if position_ids.ndim == 1 else torch.arange(n).view(position_ids.shape)  # [t] / [b, t]
+    return rotate_held(q, k, rows, held, layout, rope.head_dim, inplace)
 
 
 def _kernel_refused(ret: int, rows: torch.Tensor, n: int, rows_arg: str):

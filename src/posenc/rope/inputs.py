@@ -95,7 +95,7 @@ def check_position_values(position_ids: torch.Tensor, allow_negative: bool) -> N
     n = position_ids.numel()
     if 0 < n <= _READ_LIMIT and position_ids.is_cpu and position_ids.is_contiguous() and not _compiling():
         try:
-            values = (ctypes.c_int64 * n).from_address(position_ids.data_ptr())
+            values = (ctypes.c_int64 * n).from_address(position_ids.data_ptr())[:]  # a list: min/max at C speed
         except RuntimeError:  # no memory to read (a torch.func wrapper): the check on the tensor below
             pass
         else:

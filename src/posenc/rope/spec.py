@@ -14,13 +14,12 @@ rope/inputs.py; the angles are made in rope/tables.py; the implementation is cho
 
 from __future__ import annotations
 
-import ctypes
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
-from ..errors import MAX_POSITION, boolean, choice, fail, integer, positions, real
+from ..errors import boolean, choice, fail, integer, positions, real
 from ..kernels.constants import PAIRING_CODES, fits
 from . import dispatch, tables
 from .apply import PAIRINGS
@@ -32,8 +31,7 @@ from .tables import RopeTable, make_table
 __all__ = ["Rope"]
 
 # bound once: the decode hot path calls them
-_compiling, Tensor, _INT64, _arange = torch.compiler.is_compiling, torch.Tensor, torch.int64, torch.arange
-_int64_at = ctypes.c_int64.from_address  # an int64 read from CPU memory: a decode step's position
+_compiling, Tensor, _INT64 = torch.compiler.is_compiling, torch.Tensor, torch.int64
 
 
 @dataclass(frozen=True)
@@ -290,7 +288,7 @@ class Rope:
             if (self._code is not None and seq_len is None and compute_dtype is None and (impl is None or impl == "cpu")
                     and precision == "float32" and type(position_ids) is Tensor and position_ids.dtype is _INT64
                     and 1 <= position_ids.ndim <= 2 and position_ids.is_cpu and not _compiling()):  # no table, CPU
-                out = self._rotate_rows(q, k, position_ids, layout, allow_negative, False)
+                out = dispatch.rotate_fresh(q, k, position_ids, self, layout, allow_negative, False)
                 if out is not None:
                     return out
         elif (type(table) is RopeTable and table.held is not None and table.rope is self and seq_len is None
@@ -323,7 +321,7 @@ class Rope:
             if (self._code is not None and seq_len is None and compute_dtype is None and (impl is None or impl == "cpu")
                     and precision == "float32" and type(position_ids) is Tensor and position_ids.dtype is _INT64
                     and 1 <= position_ids.ndim <= 2 and position_ids.is_cpu and not _compiling()):  # as in apply
-                out = self._rotate_rows(q, k, position_ids, layout, allow_negative, True)
+                out = dispatch.rotate_fresh(q, k, position_ids, self, layout, allow_negative, True)
                 if out is not None:
                     return out
         elif (type(table) is RopeTable and table.held is not None and table.rope is self and seq_len is None
@@ -333,36 +331,6 @@ class Rope:
             if out is not None:
                 return out
         return self._apply(q, k, position_ids, True, layout, seq_len, precision, allow_negative, compute_dtype, impl, table)
-
-    def _rotate_rows(self, q, k, position_ids, layout, allow_negative, inplace):
-        """`apply(_)` without a table on the CPU, int64 `[t]` or `[b, t]` positions: the angles of these positions
-        only (one product, one cos, one sin), read by the C kernel as a table with a row per token. None, with
-        nothing written, for a call that `dispatch.rotate_held` does not take (then the general path decides,
-        and refuses by name or rotates)."""
-        n = position_ids.numel()
-        if n == 1:  # a decode step: its one position read from CPU memory (no torch op, no sync)
-            try:
-                p = _int64_at(position_ids.data_ptr()).value
-            except RuntimeError:  # no memory to read (a torch.func wrapper): the general path
-                return None
-            if p > MAX_POSITION or p < (-MAX_POSITION if allow_negative else 0):
-                return None  # the general path refuses it by name (after q's and k's own errors)
-            theta = position_ids * self._freq  # [.., r/2]: the position converted to float32, as float32_cos_sin
-            cos, sin = theta.cos(), theta.sin_()
-            if self._factor != 1.0:
-                cos, sin = cos * self._factor, sin * self._factor
-            held = (cos.data_ptr(), sin.data_ptr(), 1, self.rotary_dim // 2, self._code)
-            return dispatch.rotate_held(q, k, None, held, layout, self.head_dim, inplace)  # row 0
-        check_x(self.head_dim, "q", q, layout)  # q's and k's own errors first, as on the general path
-        check_x(self.head_dim, "k", k, layout)
-        check_position_values(position_ids, allow_negative)
-        cos, sin = tables.float32_cos_sin(position_ids, self._freq, self._factor)  # [t, r/2] / [b, t, r/2] each
-        try:
-            held = (cos.data_ptr(), sin.data_ptr(), n, self.rotary_dim // 2, self._code)  # token i reads row i
-        except RuntimeError:  # no memory to read (positions under a torch.func transform): the general path
-            return None
-        rows = _arange(n) if position_ids.ndim == 1 else _arange(n).view(position_ids.shape)  # [t] / [b, t]
-        return dispatch.rotate_held(q, k, rows, held, layout, self.head_dim, inplace)
 
     def _apply(self, q, k, position_ids, inplace, layout, seq_len, precision, allow_negative, compute_dtype, impl, table):
         # apply and apply_ pass every argument by position: keyword passing is a visible share of a decode call
