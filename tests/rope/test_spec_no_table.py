@@ -13,8 +13,8 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from posenc import PosencError, Rope
-from posenc.kernels import cpu
-from posenc.rope import tables
+from posenc.kernels import angles, cpu
+from posenc.rope import fast, tables
 from posenc.rope.scaling import Linear, Llama3, YaRN
 
 ROPES = {
@@ -101,20 +101,27 @@ def test_transformers_rotation_is_reproduced_without_a_table():
 
 
 @pytest.mark.skipif(not cpu.available(), reason="no C compiler for the cpu kernel")
-def test_torch_ops_per_call_stay_within_budget():
+@pytest.mark.parametrize("c_angles", [True, False], ids=["c-angles", "torch-ops"])
+def test_torch_ops_per_call_stay_within_budget(monkeypatch, c_angles):
+    if c_angles and angles.entry() is None:
+        pytest.skip("no C angles here (kernels.angles.entry() is None)")
+    if not c_angles:  # the path where the C angles do not run (a torch without MKL): torch's three ops
+        monkeypatch.setattr(fast, "_angles", lambda: None)
     rope = Rope(head_dim=128)
     table = rope.table(4096)
     q, k, pos = randn(32, 32, 1, 128), randn(32, 8, 1, 128), torch.tensor([4095])
     q7, k7 = randn(1, 2, 7, 128), randn(1, 2, 7, 128)
+    c = c_angles
     budgets = {  # (call, ops): the decode shapes of issue 31
-        "apply_ no table": (lambda: rope.apply_(q, k, pos), 3),  # product, cos, sin: the position read from memory
-        "apply_ no table, [b, 1] positions": (lambda p=torch.full((32, 1), 4095): rope.apply_(q, k, p), 6),  # rows 2
-        "apply no table": (lambda: rope.apply(q, k, pos), 5),  # and the two outputs
+        # C angles: one allocation (the angles), the range check and cos/sin in C; else product, cos, sin
+        "apply_ no table": (lambda: rope.apply_(q, k, pos), 1 if c else 3),
+        "apply_ no table, [b, 1] positions": (lambda p=torch.full((32, 1), 4095): rope.apply_(q, k, p), 1 if c else 3),
+        "apply no table": (lambda: rope.apply(q, k, pos), 3 if c else 5),  # and the two outputs
         "apply_ held table": (lambda: rope.apply_(q, k, pos, table=table), 0),
         "apply held table": (lambda: rope.apply(q, k, pos, table=table), 2),
-        "cos_sin of 32 positions": (lambda p=torch.arange(4064, 4096): rope.cos_sin(p), 4),  # angles: the check reads memory
-        "cos_sin of 100 positions": (lambda p=torch.arange(100): rope.cos_sin(p), 8),  # check 4 (on the tensor), angles 4
-        "apply_ no table, 7 tokens": (lambda p=torch.arange(7): rope.apply_(q7, k7, p), 5),  # angles 4, rows 1
+        "cos_sin of 32 positions": (lambda p=torch.arange(4064, 4096): rope.cos_sin(p), 3 if c else 4),  # (C: 2 views)
+        "cos_sin of 100 positions": (lambda p=torch.arange(100): rope.cos_sin(p), 3 if c else 8),  # torch: check 4
+        "apply_ no table, 7 tokens": (lambda p=torch.arange(7): rope.apply_(q7, k7, p), 1 if c else 4),
     }
     over = {}
     for name, (fn, budget) in budgets.items():

@@ -3,7 +3,9 @@ but `errors`). `IMPLS` names the implementations `impl=` chooses from; `posenc.r
 
 - `"reference"`: `posenc.rope.apply.apply_rope`, plain torch (the oracle; never imports a kernel).
 - `"cpu"`: a C kernel (`rope_cpu.c`, `rope_tile.c`, `rope_pool.c`; launched by `cpu.py`) built at install or on
-  first use (`build.py`): q and k in one pass, in place or allocating, bit-identical to the reference.
+  first use (`build.py`): q and k in one pass, in place or allocating, bit-identical to the reference. The
+  same library's `rope_angles.c` (`angles.py`) makes the cos/sin rows of a call without a table with
+  torch's own vector cos/sin.
 - `"compiled"`: the reference rotation under `torch.compile(dynamic=True)` (`posenc.rope.compiled`).
 - `"triton"`: one Triton kernel for q and k (`triton_rope.py`), forward and backward, tables or
   angles computed on the fly.

@@ -4,9 +4,8 @@ Everything that rotates (`Rope.apply` / `apply_` / `rotate`, `attention`, the de
 through here with tables in hand, so q and k of a layer take the same path with the same table. `choose`
 decides the implementation once, asking the C kernel one question (`kernels.cpu.entry(dtype)`: its foreign
 function or None); then one kernel call runs and the result goes back. The kernels (`posenc.kernels`) are
-leaves: tensors in, tensors out; they know nothing of `Rope`. `rotate_held` is the decode hot path of
-`Rope.apply(_)` with a held table: metadata checks and one C call; `rotate_fresh` the same path without a
-table, after making the angles of the call's positions.
+leaves: tensors in, tensors out; they know nothing of `Rope`. The decode hot paths of `Rope.apply(_)`,
+`rotate_held` (a held table) and `rotate_fresh` (no table), are `fast.py`'s, re-exported here.
 
 Autograd: every implementation behaves as a torch op. Allocating calls are differentiable (the kernels
 through the `posenc::rope` custom op, whose backward rotates by -theta). In place, a tensor that requires
@@ -20,32 +19,20 @@ device (`torch._assert_async`).
 
 from __future__ import annotations
 
-import ctypes
 import os
 
 import torch
 
-from ..errors import MAX_POSITION, Raw, assert_values, fail
+from ..errors import Raw, assert_values, fail
 from ..errors.tensors import transformed as _transformed
 from ..kernels import IMPLS, cpu
 from ..kernels.constants import MAX_HEAD_DIM, MAX_ROTARY_DIM, fits
-from .aliasing import overlaps_itself
 from .apply import apply_rope
-from .inputs import check_position_values, check_x
-from .tables import float32_cos_sin
+from .fast import rotate_fresh, rotate_held
 
 __all__ = ["rotate", "rotate_held", "rotate_fresh", "choose", "triton_available", "check_rows"]
 
-# torch.autograd.graph.increment_version without its Python wrapper (a visible share of a decode call, see
-# benchmarks/call_overhead.py); the public function where a torch lacks the private one
-_increment_version = getattr(torch._C, "_increment_version", None) or torch.autograd.graph.increment_version
-# the hot path's names bound once (each attribute lookup is a visible share of a decode call)
-Tensor, _INT64, _grad_enabled, _num_threads = torch.Tensor, torch.int64, torch.is_grad_enabled, torch.get_num_threads
-_inference_mode, _compiling = torch.is_inference_mode_enabled, torch.compiler.is_compiling
-_int64_at = ctypes.c_int64.from_address  # an int64 read from CPU memory: a decode step's position
-# one int64 zero in immutable memory: the row of a one-token call without a table (`rotate_held(rows=None)`)
-_ZERO_ROW = bytes(8)
-_ZERO_ROW_ADDRESS = ctypes.cast(ctypes.c_char_p(_ZERO_ROW), ctypes.c_void_p).value
+_compiling = torch.compiler.is_compiling  # bound once
 
 
 def triton_available() -> bool:
@@ -209,123 +196,6 @@ def rotate(q: torch.Tensor, k: torch.Tensor | None, cos: torch.Tensor, sin: torc
     if inplace:  # autograd records the copies (or the in-place kernel cannot run in place)
         return q.copy_(q_out), k.copy_(k_out) if k is not None else None
     return q_out, k_out
-
-
-def rotate_held(q: torch.Tensor, k: torch.Tensor, rows: torch.Tensor, held: tuple, layout: str, head_dim: int,
-                inplace: bool):
-    """The decode hot path of `Rope.apply(_)` with a held table: metadata checks and one C kernel call.
-
-    It takes only what it can run as is: float q and k of one dtype that the kernel runs, on the CPU, in a
-    4-d layout ("bhtd" or "bthd") of `head_dim` channels, differing in heads only; contiguous int64 rows
-    `[t]`, `[1, t]` or `[b, t]`; no autograd recording; not under `torch.compile` (the caller checks). It
-    reads no value on the host: the kernel checks the rows and, in place, whether q's and k's memory ranges
-    meet. Every line counts at decode (benchmarks/call_overhead.py times it): one pass over the metadata,
-    strides as torch returns them, one `struct` pack, one foreign call.
-
-    Args:
-        q, k: `[b, hq, t, d]` / `[b, hk, t, d]` ("bhtd") or `[b, t, hq, d]` / `[b, t, hk, d]` ("bthd").
-        rows: the table row (position) of each token, `[t]` or `[b, t]`; None for one token (t = 1) reading
-            row 0 (a one-row table of that token's angles: `Rope.apply` without a table).
-        held: the table's `RopeTable.held` (its CPU addresses, sizes and pairing code; rows the kernel holds).
-    Returns:
-        `(q_rotated, k_rotated)` (q and k themselves when `inplace`), or None when the call is one for
-        `rotate`'s general path, with nothing written: other metadata, a row outside the table, q and k
-        whose memory ranges meet (the general path decides exactly, and refuses or rotates).
-    """
-    if type(q) is not Tensor or type(k) is not Tensor:
-        return None
-    dtype = q.dtype
-    if (k.dtype is not dtype or not (q.is_cpu and k.is_cpu) or _grad_enabled() and (q.requires_grad or k.requires_grad)
-            or rows is not None and (type(rows) is not Tensor or rows.dtype is not _INT64 or not rows.is_cpu
-                                     or not rows.is_contiguous())):
-        return None
-    qs, ks = q.shape, k.shape
-    if len(qs) != 4 or len(ks) != 4:
-        return None
-    if layout == "bhtd":
-        b, hq, t, d = qs
-        kb, hk, kt, kd = ks
-    elif layout == "bthd":
-        b, t, hq, d = qs
-        kb, kt, hk, kd = ks
-    else:  # another layout, or not a string
-        return None
-    cos, sin, n, half, pairing = held
-    if kb != b or kt != t or d != head_dim or kd != d:
-        return None
-    rs = (1,) if rows is None else rows.shape
-    if len(rs) == 1 and rs[0] == t:
-        rows_b = 0
-    elif len(rs) == 2 and rs[1] == t and rs[0] in (1, b):
-        rows_b = t if rs[0] > 1 else 0
-    else:
-        return None
-    run = cpu.entry(dtype)
-    if run is None:
-        return None
-    try:
-        qp, kp, q4, k4 = q.data_ptr(), k.data_ptr(), q.stride(), k.stride()  # layout's dims
-        rp = _ZERO_ROW_ADDRESS if rows is None else rows.data_ptr()
-    except RuntimeError:  # no memory to read (a torch.func wrapper): the general path runs the reference
-        return None
-    if inplace:
-        if not _inference_mode() and (q.is_inference() or k.is_inference()):
-            return None  # torch allows no in-place update of an inference tensor here: the general path says so
-        if not q.is_contiguous() and overlaps_itself(q) or not k.is_contiguous() and overlaps_itself(k):
-            return None  # rows as_strided made to meet (the kernel refuses q and k that meet, and stride 0)
-        q_out, k_out, qop, kop, qo4, ko4, flags = q, k, qp, kp, q4, k4, cpu.FLAG_CHECK_OVERLAP
-    else:
-        q_out, k_out = torch.empty_like(q), torch.empty_like(k)  # q's and k's strides (dense inputs)
-        qop, kop, qo4, ko4 = q_out.data_ptr(), k_out.data_ptr(), q_out.stride(), k_out.stride()
-        large = b * (hq + hk) * t * d * q.element_size() >= cpu.LARGE_OUTPUT_BYTES  # bytes of the outputs
-        flags = cpu.FLAG_HUGE_PAGES if large and cpu.huge_pages_allowed() else 0
-    if layout == "bthd":  # strides over [b, h, t, d]: dims 1 and 2 swap
-        q4, k4, qo4, ko4 = ((s[0], s[2], s[1], s[3]) for s in (q4, k4, qo4, ko4))
-    ret = run(cpu.pack_args(
-        qp, qop, kp, kop, cos, sin, rp, b, hq, hk, t, d, *q4, *qo4, *k4, *ko4, n, half, rows_b,
-        cpu.DTYPES[dtype], pairing, _num_threads(), flags))
-    if ret != 0:
-        return None  # nothing written: the general path names what is wrong (or rotates aliasing-free views)
-    if inplace:  # the kernel wrote through ctypes: tell autograd, as a torch in-place op would
-        _increment_version((q, k))
-    return q_out, k_out
-
-
-def rotate_fresh(q: torch.Tensor, k: torch.Tensor, position_ids: torch.Tensor, rope, layout: str,
-                 allow_negative: bool, inplace: bool):
-    """`Rope.apply(_)` without a table on the CPU, int64 `[t]` or `[b, t]` positions: the angles of these
-    positions only (one product, one cos, one sin, from the ladder the `Rope` keeps), read by the C kernel as a
-    table with a row per token through `rotate_held`. The caller checked that `rope._code` is set (the ladder
-    is kept and the kernel holds these rows).
-
-    Returns:
-        As `rotate_held`: None, with nothing written, for a call it does not take (then the general path
-        decides, and refuses by name or rotates).
-    """
-    n = position_ids.numel()
-    if n == 1:  # a decode step: its one position read from CPU memory (no torch op, no sync)
-        try:
-            p = _int64_at(position_ids.data_ptr()).value
-        except RuntimeError:  # no memory to read (a torch.func wrapper): the general path
-            return None
-        if p > MAX_POSITION or p < (-MAX_POSITION if allow_negative else 0):
-            return None  # the general path refuses it by name (after q's and k's own errors)
-        theta = position_ids * rope._freq  # [.., r/2]: the position converted to float32, as float32_cos_sin
-        cos, sin = theta.cos(), theta.sin_()
-        if rope._factor != 1.0:
-            cos, sin = cos * rope._factor, sin * rope._factor
-        held = (cos.data_ptr(), sin.data_ptr(), 1, rope.rotary_dim // 2, rope._code)
-        return rotate_held(q, k, None, held, layout, rope.head_dim, inplace)  # row 0
-    check_x(rope.head_dim, "q", q, layout)  # q's and k's own errors first, as on the general path
-    check_x(rope.head_dim, "k", k, layout)
-    check_position_values(position_ids, allow_negative)
-    cos, sin = float32_cos_sin(position_ids, rope._freq, rope._factor)  # [t, r/2] / [b, t, r/2] each
-    try:
-        held = (cos.data_ptr(), sin.data_ptr(), n, rope.rotary_dim // 2, rope._code)  # token i reads row i
-    except RuntimeError:  # no memory to read (positions under a torch.func transform): the general path
-        return None
-    rows = torch.arange(n) if position_ids.ndim == 1 else torch.arange(n).view(position_ids.shape)  # [t] / [b, t]
-    return rotate_held(q, k, rows, held, layout, rope.head_dim, inplace)
 
 
 def _kernel_refused(ret: int, rows: torch.Tensor, n: int, rows_arg: str):

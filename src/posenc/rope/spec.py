@@ -23,6 +23,7 @@ from ..errors import boolean, choice, fail, integer, positions, real
 from ..kernels.constants import PAIRING_CODES, fits
 from . import dispatch, tables
 from .apply import PAIRINGS
+from .fast import cos_sin_fresh, rotate_fresh, rotate_held
 from .inputs import check_pair, check_position_values, check_positions, check_x
 from .mrope import check_sections, mrope_axis_map, mrope_cos_sin
 from .scaling import Default, Scaling, check_base, check_seq_len
@@ -181,6 +182,9 @@ class Rope:
         freq = self._freq
         if (type(position_ids) is Tensor and position_ids.dtype is _INT64 and 1 <= position_ids.ndim <= 2
                 and seq_len is None and precision == "float32" and freq is not None and not position_ids.is_meta):
+            out = cos_sin_fresh(position_ids, freq, self._factor, allow_negative)  # a few CPU positions: C
+            if out is not None:
+                return out  # [..., r/2] each
             check_position_values(position_ids, allow_negative)  # the common call: int64 [t] or [b, t] positions
             if not position_ids.is_cpu:
                 freq = freq.to(position_ids.device)
@@ -288,13 +292,13 @@ class Rope:
             if (self._code is not None and seq_len is None and compute_dtype is None and (impl is None or impl == "cpu")
                     and precision == "float32" and type(position_ids) is Tensor and position_ids.dtype is _INT64
                     and 1 <= position_ids.ndim <= 2 and position_ids.is_cpu and not _compiling()):  # no table, CPU
-                out = dispatch.rotate_fresh(q, k, position_ids, self, layout, allow_negative, False)
+                out = rotate_fresh(q, k, position_ids, self, layout, allow_negative, False)
                 if out is not None:
                     return out
         elif (type(table) is RopeTable and table.held is not None and table.rope is self and seq_len is None
                 and compute_dtype is None and (impl is None or impl == "cpu") and precision == table.precision
                 and not _compiling()):  # the decode hot path (None: a call for the general path)
-            out = dispatch.rotate_held(q, k, position_ids, table.held, layout, self.head_dim, False)
+            out = rotate_held(q, k, position_ids, table.held, layout, self.head_dim, False)
             if out is not None:
                 return out
         return self._apply(q, k, position_ids, False, layout, seq_len, precision, allow_negative, compute_dtype, impl, table)
@@ -321,13 +325,13 @@ class Rope:
             if (self._code is not None and seq_len is None and compute_dtype is None and (impl is None or impl == "cpu")
                     and precision == "float32" and type(position_ids) is Tensor and position_ids.dtype is _INT64
                     and 1 <= position_ids.ndim <= 2 and position_ids.is_cpu and not _compiling()):  # as in apply
-                out = dispatch.rotate_fresh(q, k, position_ids, self, layout, allow_negative, True)
+                out = rotate_fresh(q, k, position_ids, self, layout, allow_negative, True)
                 if out is not None:
                     return out
         elif (type(table) is RopeTable and table.held is not None and table.rope is self and seq_len is None
                 and compute_dtype is None and (impl is None or impl == "cpu") and precision == table.precision
                 and not _compiling()):  # the decode hot path, as in apply
-            out = dispatch.rotate_held(q, k, position_ids, table.held, layout, self.head_dim, True)
+            out = rotate_held(q, k, position_ids, table.held, layout, self.head_dim, True)
             if out is not None:
                 return out
         return self._apply(q, k, position_ids, True, layout, seq_len, precision, allow_negative, compute_dtype, impl, table)
