@@ -52,12 +52,12 @@ def test_a_position_out_of_range_gives_none():
 
 @needs_run
 def test_the_probe_refuses_functions_that_are_not_torchs():
-    fn, vcos, vsin = RUN
+    fn, vcos, vsin, fresh = RUN
     assert angles._probe(RUN)
-    assert not angles._probe((fn, vsin, vcos))  # cos and sin swapped: the probe sees it
+    assert not angles._probe((fn, vsin, vcos, fresh))  # cos and sin swapped: the probe sees it
     mkl = ctypes.CDLL(angles._torch_cpu_library())
     other = ctypes.cast(mkl.vmsExp, ctypes.c_void_p).value  # a vector function of the same shape, not cos
-    assert not angles._probe((fn, other, vsin))
+    assert not angles._probe((fn, other, vsin, fresh))
 
 
 def test_no_c_angles_without_the_kernel_or_mkl(monkeypatch):

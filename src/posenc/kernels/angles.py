@@ -32,19 +32,20 @@ from . import build
 __all__ = ["entry", "cos_sin", "pack", "LIMIT", "MODE", "OUT_OF_RANGE"]
 
 # AnglesArgs of rope_angles.c: positions, freq, cos, sin, vcos, vsin (pointers), n, half, mode, low, high,
-# factor, scale
-_FORMAT = "=6Q5qfi"
+# factor, scale, threads
+_FORMAT = "=6Q5qfiq"
 pack = struct.Struct(_FORMAT).pack
 # torch's MKL mode (ATen/cpu/vml.h): VML_HA | VML_FTZDAZ_OFF | VML_ERRMODE_IGNORE
 MODE = 0x2 | 0x140000 | 0x100
 OUT_OF_RANGE = -2  # posenc_angles' answer to a position outside [low, high] (nothing written)
-LIMIT = 1 << 16  # angles (positions x r/2) one call makes: decode batches; a prefill's take torch's threads
+LIMIT = 1 << 24  # angles (positions x r/2) one call makes (64 MiB of cos rows); more take torch's ops
 
 
 @functools.lru_cache(maxsize=None)  # a pure function of the loaded libraries (the kernel's and torch's)
 def entry():
-    """`(posenc_angles, vcos, vsin)`: the C function and torch's vector cos/sin, or None where this path
-    does not give torch's bits here (see the module's text)."""
+    """`(posenc_angles, vcos, vsin, posenc_rope_fresh)`: the C functions (the angles alone; the angles then the
+    rotation, `rope/fast.py`) and torch's vector cos/sin, or None where this path does not give torch's bits
+    here (see the module's text)."""
     lib = build.loaded()
     if lib is None or not hasattr(lib, "posenc_angles") or not torch.backends.mkl.is_available():
         return None
@@ -54,12 +55,13 @@ def entry():
         vsin = ctypes.cast(mkl.vmsSin, ctypes.c_void_p).value
     except (OSError, AttributeError):
         return None
-    fn = lib.posenc_angles
+    fn, fresh = lib.posenc_angles, lib.posenc_rope_fresh
     fn.restype, fn.argtypes = ctypes.c_int64, [ctypes.c_char_p]
+    fresh.restype, fresh.argtypes = ctypes.c_int64, [ctypes.c_char_p, ctypes.c_char_p]
     lib.posenc_angles_args_size.restype = ctypes.c_int64
     if lib.posenc_angles_args_size() != struct.calcsize(_FORMAT):
         return None
-    run = (fn, vcos, vsin)
+    run = (fn, vcos, vsin, fresh)
     with torch._C._DisableFuncTorch(), torch.no_grad():  # the probe's own tensors, whatever transform is active
         return run if _probe(run) else None
 
@@ -97,13 +99,13 @@ def cos_sin(run, positions: torch.Tensor, freq: torch.Tensor, factor: float, low
     position is outside `[low, high]` (the caller names it) or under a torch.func transform."""
     half, n = freq.shape[0], positions.numel()
     out = torch.empty(2, *positions.shape, half)  # cos, sin
-    fn, vcos, vsin = run
+    fn, vcos, vsin, _ = run
     try:
         address, at = out.data_ptr(), positions.data_ptr()
     except RuntimeError:  # tensors of a torch.func transform have no memory: the caller's torch ops run
         return None
     ret = fn(pack(at, freq.data_ptr(), address, address + 4 * n * half, vcos, vsin, n, half, MODE, low, high, factor,
-                  factor != 1.0))
+                  factor != 1.0, torch.get_num_threads()))
     if ret == OUT_OF_RANGE:
         return None
     if ret != 0:

@@ -37,7 +37,7 @@ OPENMP_FLAGS = ["-fopenmp"]  # parts on torch's OpenMP team (rope_pool.c); a bui
 FLAGS = [*COMPILE_FLAGS, "-fPIC", "-shared"]
 FOLDER = Path(__file__).parent  # where the kernel's source files are (installed as package data)
 SOURCES = ("rope_cpu.c", "rope_tile.c", "rope_pool.c", "rope_angles.c")  # compiled together into the one library
-HEADERS = ("rope_tile.h", "rope_simd.h", "rope_heads.h", "rope_pool.h")  # included by them (not on the command line)
+HEADERS = ("rope_tile.h", "rope_simd.h", "rope_heads.h", "rope_pool.h", "rope_angles.h")  # included by them (not on the command line)
 KERNEL_FILES = SOURCES + HEADERS  # every file the library is built from: all of them are in its key
 INSTALLED_NAME = "_rope_cpu"  # setup.py's Extension("posenc.kernels._rope_cpu"); no PyInit, loaded with ctypes
 

@@ -12,11 +12,13 @@
  * (rope_tile.h; their vector row routines rope_simd.h), the worker pool rope_pool.c (rope_pool.h).
  */
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 #if defined(__linux__)
 #include <sys/mman.h>
 #endif
 
+#include "rope_angles.h"
 #include "rope_pool.h"
 #include "rope_tile.h"
 
@@ -41,6 +43,7 @@ enum {
 };
 #define BAD_ARGUMENTS (-((int64_t)1 << 62))
 #define OVERLAP (BAD_ARGUMENTS + 1)
+#define ANGLES_REFUSED (BAD_ARGUMENTS + 2) /* posenc_rope_fresh: a position out of range (nothing written) */
 
 int64_t posenc_args_size(void) { return (int64_t)sizeof(RopeArgs); }
 
@@ -196,6 +199,33 @@ int64_t posenc_rope(const RopeArgs *a) {
     const Job job = {&all, bytes_per_unit};
     pool_run(n, all.units[0] + all.units[1], run_part, (void *)&job);
     return 0;
+}
+
+/* A call without a held table (rope/fast.py): the cos/sin rows of the call's tokens made first (rope_angles.c),
+ * in a buffer of this call, token i reading row i (args->rows is not read), then posenc_rope over them. Returns
+ * posenc_rope's answer, or ANGLES_REFUSED (a position outside the range allowed; nothing written). */
+int64_t posenc_rope_fresh(const RopeArgs *args, const AnglesArgs *angles) {
+    RopeArgs r = *args;
+    AnglesArgs a = *angles;
+    if (a.n <= 0 || a.half <= 0 || a.n != r.table_rows || a.half != r.half || a.n > INT32_MAX / a.half)
+        return BAD_ARGUMENTS;
+    /* one buffer: the rows 0 .. n-1 (8-byte aligned first), then the cos rows, then the sin rows */
+    int64_t *buf = (int64_t *)malloc((size_t)a.n * sizeof(int64_t) + (size_t)(2 * a.n * a.half) * sizeof(float));
+    if (!buf) return BAD_ARGUMENTS;
+    for (int64_t i = 0; i < a.n; ++i) buf[i] = i;
+    r.rows = buf;
+    a.cos = (float *)(buf + a.n);
+    a.sin = a.cos + a.n * a.half;
+    int64_t ret = angles_fill(&a);
+    if (ret == 0) {
+        r.cos = a.cos;
+        r.sin = a.sin;
+        ret = posenc_rope(&r);
+    } else {
+        ret = ret == ANGLES_OUT_OF_RANGE ? ANGLES_REFUSED : BAD_ARGUMENTS;
+    }
+    free(buf);
+    return ret;
 }
 
 /* ---- build key (posenc.kernels.build) ---------------------------------------------------------------------

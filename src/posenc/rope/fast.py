@@ -83,41 +83,35 @@ def rotate_fresh(q: torch.Tensor, k: torch.Tensor, position_ids: torch.Tensor, r
     n, half = position_ids.numel(), rope.rotary_dim // 2
     low = -MAX_POSITION if allow_negative else 0
     run = _angles() if 0 < n * half <= _ANGLES_LIMIT else None
-    if run is not None and position_ids.is_contiguous():  # one C call: the range check, then torch's cos/sin
+    if run is not None and position_ids.is_contiguous():  # one C call: range check, torch's cos/sin, rotation
         try:
             address = position_ids.data_ptr()
         except RuntimeError:  # no memory to read (a torch.func wrapper): the general path
             return None
-        table = torch.empty(2 * n * half)  # cos rows, then sin rows
-        try:
-            cos = table.data_ptr()
-        except RuntimeError:  # a tensor made under a torch.func transform has no memory: the general path
-            return None
-        sin = cos + 4 * n * half
-        fn, vcos, vsin = run
-        if fn(_pack(address, rope._freq.data_ptr(), cos, sin, vcos, vsin, n, half, _MODE, low, MAX_POSITION,
-                    rope._factor, rope._factor != 1.0)) != 0:
-            return None  # a position out of range (nothing written): the general path names it, after q's and k's
-    else:  # torch's ops: the range check on the positions, then one product, one cos, one sin
-        if n == 0:
-            return None
-        check_x(rope.head_dim, "q", q, layout)  # q's and k's own errors first, as on the general path
-        check_x(rope.head_dim, "k", k, layout)
-        check_position_values(position_ids, allow_negative)
-        if position_ids.shape[-1] == 1:  # [1] or [b, 1]: [.., 1] * [r/2] is already a row per token
-            theta = position_ids * rope._freq  # [.., r/2]: each position converted to float32, as float32_cos_sin
-            cos_t, sin_t = theta.cos(), theta.sin_()
-            if rope._factor != 1.0:
-                cos_t, sin_t = cos_t.mul_(rope._factor), sin_t.mul_(rope._factor)
-        else:
-            cos_t, sin_t = float32_cos_sin(position_ids, rope._freq, rope._factor)  # [t, r/2] / [b, t, r/2] each
-        cos, sin = cos_t.data_ptr(), sin_t.data_ptr()
-    if n <= _ROWS:
-        rows = _ROWS_ADDRESS  # token i reads row i
+        _, vcos, vsin, fresh = run
+        angles = (fresh, _pack(address, rope._freq.data_ptr(), 0, 0, vcos, vsin, n, half, _MODE, low, MAX_POSITION,
+                               rope._factor, rope._factor != 1.0, _num_threads()))
+        return _run(q, k, position_ids.shape, 0, (0, 0, n, half, rope._code), layout, rope.head_dim, inplace, angles)
+    # torch's ops: the range check on the positions, then one product, one cos, one sin
+    if n == 0:
+        return None
+    check_x(rope.head_dim, "q", q, layout)  # q's and k's own errors first, as on the general path
+    check_x(rope.head_dim, "k", k, layout)
+    check_position_values(position_ids, allow_negative)
+    if position_ids.shape[-1] == 1:  # [1] or [b, 1]: [.., 1] * [r/2] is already a row per token
+        theta = position_ids * rope._freq  # [.., r/2]: each position converted to float32, as float32_cos_sin
+        cos_t, sin_t = theta.cos(), theta.sin_()
+        if rope._factor != 1.0:
+            cos_t, sin_t = cos_t.mul_(rope._factor), sin_t.mul_(rope._factor)
     else:
-        row_tensor = torch.arange(n)  # referenced until the kernel has run
-        rows = row_tensor.data_ptr()
-    return _run(q, k, position_ids.shape, rows, (cos, sin, n, half, rope._code), layout, rope.head_dim, inplace)
+        cos_t, sin_t = float32_cos_sin(position_ids, rope._freq, rope._factor)  # [t, r/2] / [b, t, r/2] each
+    cos, sin = cos_t.data_ptr(), sin_t.data_ptr()
+    if n <= _ROWS:
+        return _run(q, k, position_ids.shape, _ROWS_ADDRESS, (cos, sin, n, half, rope._code), layout, rope.head_dim,
+                    inplace)
+    rows = torch.arange(n)  # token i reads row i
+    return _run(q, k, position_ids.shape, rows.data_ptr(), (cos, sin, n, half, rope._code), layout, rope.head_dim,
+                inplace)
 
 
 def cos_sin_fresh(position_ids: torch.Tensor, freq: torch.Tensor, factor: float, allow_negative: bool):
@@ -133,9 +127,10 @@ def cos_sin_fresh(position_ids: torch.Tensor, freq: torch.Tensor, factor: float,
     return _cos_sin(run, position_ids, freq, factor, -MAX_POSITION if allow_negative else 0, MAX_POSITION)
 
 
-def _run(q, k, rows_shape, rows_address, held, layout, head_dim, inplace):
+def _run(q, k, rows_shape, rows_address, held, layout, head_dim, inplace, angles=None):
     """The kernel call of `rotate_held` / `rotate_fresh`: rows at `rows_address`, `rows_shape` `[t]` / `[b, t]`
-    (row-major; a call of one token may pass `(1,)`)."""
+    (row-major); with `angles` (`(posenc_rope_fresh, packed AnglesArgs)`) the C side makes the table and its
+    rows first (then `held`'s addresses and `rows_address` are not read)."""
     if type(q) is not Tensor or type(k) is not Tensor:
         return None
     dtype = q.dtype
@@ -182,9 +177,9 @@ def _run(q, k, rows_shape, rows_address, held, layout, head_dim, inplace):
         flags = cpu.FLAG_HUGE_PAGES if large and cpu.huge_pages_allowed() else 0
     if layout == "bthd":  # strides over [b, h, t, d]: dims 1 and 2 swap
         q4, k4, qo4, ko4 = ((s[0], s[2], s[1], s[3]) for s in (q4, k4, qo4, ko4))
-    ret = run(cpu.pack_args(
-        qp, qop, kp, kop, cos, sin, rows_address, b, hq, hk, t, d, *q4, *qo4, *k4, *ko4, n, half, rows_b,
-        cpu.DTYPES[dtype], pairing, _num_threads(), flags))
+    args = cpu.pack_args(qp, qop, kp, kop, cos, sin, rows_address, b, hq, hk, t, d, *q4, *qo4, *k4, *ko4, n, half,
+                         rows_b, cpu.DTYPES[dtype], pairing, _num_threads(), flags)
+    ret = run(args) if angles is None else angles[0](args, angles[1])
     if ret != 0:
         return None  # nothing written: the general path names what is wrong (or rotates aliasing-free views)
     if inplace:  # the kernel wrote through ctypes: tell autograd, as a torch in-place op would
