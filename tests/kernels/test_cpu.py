@@ -346,3 +346,18 @@ def test_threads_split_the_work_and_stay_bit_exact(dtype, threads):
                 assert torch.equal(g[0], expected[0]) and torch.equal(g[1], expected[1]), (dtype, threads, layout)
     finally:
         torch.set_num_threads(before)
+
+
+@pytest.mark.skipif(not cpu.available(torch.float64), reason="no C compiler for the cpu kernel")
+@pytest.mark.parametrize("pairing", ["interleaved", "split_half", "interleaved_to_split_half"])
+@pytest.mark.parametrize("rotary_dim", [4, 8, 12])
+def test_narrow_float64_rows_are_not_fused(pairing, rotary_dim):
+    # a few pairs per row (DeepSeek's 4-pair q_pe, GPT-J's partial rotary): gcc's SLP vectorizer turned the
+    # interleaved loop into a fused complex multiply despite -ffp-contract=off (1e-16 off); the build says no
+    rope = Rope(head_dim=rotary_dim + 2, rotary_dim=rotary_dim, pairing=pairing)
+    g = torch.Generator().manual_seed(rotary_dim)
+    q = torch.randn(2, 3, 7, rotary_dim + 2, generator=g, dtype=torch.float64)
+    k = torch.randn(2, 1, 7, rotary_dim + 2, generator=g, dtype=torch.float64)
+    pos = torch.arange(100, 107)
+    got, expected = rope.apply(q, k, pos, impl="cpu"), rope.apply(q, k, pos, impl="reference")
+    assert torch.equal(got[0], expected[0]) and torch.equal(got[1], expected[1])
