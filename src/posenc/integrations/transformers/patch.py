@@ -318,7 +318,7 @@ def _rotation(rope: Rope | None, options: Options, what: str, index: int, float3
                           "bhtd" if unsqueeze_dim == 1 else "bthd")
 
     if form in ("sincos", "complex"):
-        return shaped(form, pick, options, layout)
+        return shaped(form, pick, options, layout, tables)
     return apply_rotary_pos_emb if form == "pair" else apply_rotary_pos_emb_single
 
 

@@ -35,8 +35,8 @@ import torch
 
 from ...rope import dispatch
 from ...rope.spec import Rope
-from ...rope.tables import angles, cos_sin
-from .decoder import Options, Positions
+from ...rope.tables import cos_sin
+from .decoder import Options, Positions, Tables
 
 __all__ = ["COMPLEX", "COMPLEX_LAYOUTS", "ComplexPositions", "rotary_forward", "rotations", "shaped"]
 
@@ -72,11 +72,11 @@ class ComplexPositions(Positions):
         key = (rope, precision)
         if key not in self.rows:
             position_ids = self.position_ids
-            freq, factor = rope.angle_freq(rope.seq_len_for(position_ids, self.seq_len))
+            freq, factor = rope._ladder(rope.seq_len_for(position_ids, self.seq_len))  # the Rope's kept ladder
             if precision == "exact":
                 self.rows[key] = torch.complex(*cos_sin(position_ids, freq, factor, "exact"))
-            else:
-                theta = angles(position_ids, freq)  # position_ids[..., None].float() * inv_freq, as transformers
+            else:  # `tables.angles` without its checks (transformers' positions): as transformers computes them
+                theta = position_ids[..., None].float() * freq.to(position_ids.device)
                 self.rows[key] = torch.polar(torch.ones_like(theta), theta) * factor
         return self.rows[key]
 
@@ -108,17 +108,25 @@ def rotary_forward(model_type: str, module: Any, table: contextvars.ContextVar) 
     return None
 
 
-def shaped(form: str, pick: Callable[[torch.Tensor, Any], Rope], options: Options, layout: str | None) -> Callable:
+def shaped(form: str, pick: Callable[[torch.Tensor, Any], Rope], options: Options, layout: str | None,
+           tables: Tables) -> Callable:
     """posenc's rotation in the signature of the family's own (`form` "sincos" or "complex"); `pick(x, positions)`
-    is the layer's Rope for a tensor of that width (it checks the width and the positions)."""
+    is the layer's Rope for a tensor of that width (it checks the width and the positions); "sincos" rotates
+    float32 products on the patch's held `tables`."""
     if form == "sincos":
         def apply_rotary_pos_emb(tensor: torch.Tensor, sin: Any, cos: Any = None) -> torch.Tensor:
             rope = pick(tensor, sin)  # the positions ride in place of sin (and cos)
             dtype = torch.promote_types(tensor.dtype, getattr(sin, "dtype", None) or tensor.dtype)
             rounded = dtype in (torch.bfloat16, torch.float16) and options.impl is None
             impl = "reference" if options.impl is None and tensor.dtype == torch.float64 else options.impl
-            return rope.rotate(tensor, sin.position_ids, layout="bthd", seq_len=sin.seq_len,
-                               precision=options.precision, impl=impl, compute_dtype=dtype if rounded else None)
+            position_ids, seq_len, table = sin.position_ids, sin.seq_len, None
+            if not rounded and position_ids.ndim <= 2 and sin.span()[0] >= 0:  # the held rows, as decoder.rotate
+                hi = sin.span()[1]
+                table = tables.table(rope, hi + 1, hi + 1 if seq_len is None else seq_len, options.precision,
+                                     tensor.device)
+                seq_len = None
+            return rope.rotate(tensor, position_ids, layout="bthd", seq_len=seq_len, precision=options.precision,
+                               impl=impl, compute_dtype=dtype if rounded else None, table=table)
 
         return apply_rotary_pos_emb
 
