@@ -175,7 +175,8 @@ def _survey(model: Any, options: Options) -> list[tuple[Any, str, Any]]:
         if "forward" in attn.__dict__:
             fail("model", "attention modules without an instance-level forward (accelerate hooks or another "
                  "patch put one there)", Raw(f"{what}, layer {index}"))
-        name = COMPLEX if COMPLEX in innermost(type(attn).forward).__code__.co_names else ROTATION
+        others = rotations(model_type) & set(innermost(type(attn).forward).__code__.co_names)
+        name = COMPLEX if COMPLEX in others else ROTATION
         form = "complex" if name == COMPLEX else _form(type(attn).forward, what)
         rotation = _rotation(ropes[index], options, what, index, model_type in FLOAT32_ROTATION, form, tables,
                              COMPLEX_LAYOUTS.get(model_type))

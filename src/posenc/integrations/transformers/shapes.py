@@ -42,7 +42,7 @@ __all__ = ["COMPLEX", "COMPLEX_LAYOUTS", "ComplexPositions", "rotary_forward", "
 
 COMPLEX = "apply_rotary_emb"  # the module-level complex-number rotation of DeepSeek-V2 and Llama 4
 # the layout of the q and k each complex family passes (Llama 4: before the head transpose; DeepSeek-V2: q_pe, k_pe)
-COMPLEX_LAYOUTS = {"llama4_text": "bthd", "llama4": "bthd", "deepseek_v2": "bhtd"}
+COMPLEX_LAYOUTS = {"llama4_text": "bthd", "deepseek_v2": "bhtd"}  # Llama 4 VL: its text config's type
 BUFFER_DTYPE = ("codegen",)  # sincos families whose product runs in the dtype of the rotary module's buffer
 
 
