@@ -93,11 +93,10 @@ def _untouched(model):
 
 
 def test_a_family_it_cannot_patch_is_named_and_left_unchanged():
-    import transformers
+    from tests.helpers.transformers_zoo import zoo_model
 
-    cfg = transformers.GPTJConfig(vocab_size=64, n_embd=32, n_layer=2, n_head=4, rotary_dim=8, n_positions=64)
-    model = transformers.GPTJForCausalLM(cfg).eval()
-    with pytest.raises(posenc.PosencError, match="model type 'gptj'"):
+    model = zoo_model("glm_moe_dsa")  # an indexer beside the attention: two modules rotate in each layer
+    with pytest.raises(posenc.PosencError, match="model type 'glm_moe_dsa'"):
         patch(model)
     assert _untouched(model)
 

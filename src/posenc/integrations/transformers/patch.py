@@ -36,6 +36,7 @@ from ...kernels import IMPLS
 from ...rope.spec import Rope
 from .decoder import Options, Positions, Tables, positions_forward, rotate, rotate_one, with_policy
 from .generation import generation_fixes, innermost
+from .shapes import COMPLEX, COMPLEX_LAYOUTS, rotary_forward, rotations, shaped
 
 __all__ = ["patch", "unpatch", "is_patched", "POLICIES", "OTHER_ROTATIONS"]
 
@@ -43,10 +44,12 @@ POLICIES = ("recompute", "rerotate", "freeze", "refuse")
 ROTATION = "apply_rotary_pos_emb"  # the module-level function each patched attention forward calls
 # DeepSeek-V3's MLA (rope_interleave): interleaved channels of q_pe / k_pe reordered to halves, then rotated
 INTERLEAVE = "apply_rotary_pos_emb_interleave"
-# module-level rotations of another shape, and what they are (named in the refusal)
+# module-level rotations of another shape, and what they are (named in the refusal); those of the families
+# shapes.py knows (DeepSeek-V2, Llama 4: shapes.COMPLEX_LAYOUTS) are patched
 OTHER_ROTATIONS = {
-    "apply_rotary_emb": "a complex-number rotation apply_rotary_emb(q, k, freqs_cis) (DeepSeek-V2, Llama 4: "
-                        "freqs_cis from the rotary module, its channels paired as complex numbers)",
+    "apply_rotary_emb": "a complex-number rotation apply_rotary_emb(q, k, freqs_cis) (freqs_cis from the rotary "
+                        "module, its channels paired as complex numbers) in a layout posenc does not know for this "
+                        "family (it knows DeepSeek-V2's and Llama 4's)",
 }
 PATCH_ATTR = "_posenc_patch"
 _MISSING = object()
@@ -73,7 +76,9 @@ def patch(model: Any, *, policy: str = "recompute", impl: str | None = None, pre
     Args:
         model: a transformers model (`*ForCausalLM`, `*Model`, the VL families' `*ForConditionalGeneration`)
             whose attention rotates q and k with its module's `apply_rotary_pos_emb(q, k, cos, sin)` (or
-            `(x, cos, sin)`, one tensor per call) fed by the decoder's `rotary_emb`.
+            `(x, cos, sin)`, one tensor per call) fed by the decoder's `rotary_emb`; also GPT-J's and CodeGen's
+            `apply_rotary_pos_emb(tensor, sin, cos)` and the complex `apply_rotary_emb(q, k, freqs_cis)` of
+            Llama 4 and DeepSeek-V2 (`shapes.py`).
         policy: what a cache does when a length-dependent rule (dynamic NTK, LongRoPE) changes the table:
             "recompute" (every cached step equals a fresh full forward), "rerotate", "freeze" or "refuse".
         impl: posenc's rotation implementation (None: the fastest available, bit-identical to transformers'
@@ -142,7 +147,7 @@ def _survey(model: Any, options: Options) -> list[tuple[Any, str, Any]]:
     decoders = [m for m in model.modules() if isinstance(getattr(m, "rotary_emb", None), nn.Module)
                 and _blocks(m) is not None]
     if len(decoders) != 1:
-        for m in model.modules():  # a rotation of another shape says what it is (GPT-J keeps no rotary module)
+        for m in model.modules():  # a rotation of another signature says what it is
             if ROTATION in innermost(type(m).forward).__code__.co_names:
                 _form(type(m).forward, what)
         fail("model", "one decoder module holding `rotary_emb` and its layers (`layers`, Falcon's `h`)",
@@ -162,7 +167,7 @@ def _survey(model: Any, options: Options) -> list[tuple[Any, str, Any]]:
     changes: list[tuple[Any, str, Any]] = []
     tables = Tables()  # this patch's RopeTables, one per layer Rope
     for index, layer in enumerate(blocks):
-        attn = _attention_of(layer, what, index, ropes[index] is None)
+        attn = _attention_of(layer, what, index, ropes[index] is None, rotations(model_type))
         if attn is None:  # a layer without positions and without a rotating module (Qwen3.5's linear attention)
             continue
         if getattr(attn, "layer_idx", index) != index:
@@ -170,9 +175,12 @@ def _survey(model: Any, options: Options) -> list[tuple[Any, str, Any]]:
         if "forward" in attn.__dict__:
             fail("model", "attention modules without an instance-level forward (accelerate hooks or another "
                  "patch put one there)", Raw(f"{what}, layer {index}"))
-        form = _form(type(attn).forward, what)
-        rotation = _rotation(ropes[index], options, what, index, model_type in FLOAT32_ROTATION, form, tables)
-        forward = _with_rotation(type(attn).forward, rotation, what)
+        others = rotations(model_type) & set(innermost(type(attn).forward).__code__.co_names)
+        name = COMPLEX if COMPLEX in others else ROTATION
+        form = "complex" if name == COMPLEX else _form(type(attn).forward, what)
+        rotation = _rotation(ropes[index], options, what, index, model_type in FLOAT32_ROTATION, form, tables,
+                             COMPLEX_LAYOUTS.get(model_type))
+        forward = _with_rotation(type(attn).forward, rotation, what, name)
         changes.append((attn, "forward", types.MethodType(forward, attn)))
     if "forward" in decoder.rotary_emb.__dict__ or "forward" in decoder.__dict__:
         fail("model", "a decoder and rotary module without an instance-level forward", Raw(what))
@@ -181,7 +189,8 @@ def _survey(model: Any, options: Options) -> list[tuple[Any, str, Any]]:
                 and not name.startswith(("layers.", "h."))] or [decoder.rotary_emb]
     if any("forward" in m.__dict__ for m in rotaries):
         fail("model", "rotary modules without an instance-level forward", Raw(what))
-    changes += [(m, "forward", positions_forward(table)) for m in rotaries]  # GraniteSWA: one per theta
+    changes += [(m, "forward", rotary_forward(model_type, m, table) or positions_forward(table))
+                for m in rotaries]  # GraniteSWA: one per theta
     dependent = {i: r for i, r in enumerate(ropes) if r is not None and r.scaling.depends_on_length}
     if dependent:
         scalings = {r.scaling for r in dependent.values()}
@@ -203,11 +212,12 @@ def _blocks(module: Any) -> Any:
     return None
 
 
-def _attention_of(layer: Any, what: str, index: int, positionless: bool) -> Any:
-    """The one submodule of a decoder layer whose forward calls `apply_rotary_pos_emb` (None: none there in a
-    layer `posenc.hf.layer_ropes` gives no RoPE, such as a linear-attention layer); a rotation of another
-    shape is refused with what it is."""
-    found = [m for m in layer.modules() if {ROTATION, INTERLEAVE} & set(innermost(type(m).forward).__code__.co_names)]
+def _attention_of(layer: Any, what: str, index: int, positionless: bool, others: set[str]) -> Any:
+    """The one submodule of a decoder layer whose forward calls `apply_rotary_pos_emb` (or one of `others`, the
+    family's rotations of another shape, `shapes.rotations`; None: none there in a layer `posenc.hf.layer_ropes`
+    gives no RoPE, such as a linear-attention layer); a rotation of another shape is refused with what it is."""
+    names = {ROTATION, INTERLEAVE} | others
+    found = [m for m in layer.modules() if names & set(innermost(type(m).forward).__code__.co_names)]
     if not found:
         other = [name for m in layer.modules() for name in innermost(type(m).forward).__code__.co_names
                  if name in OTHER_ROTATIONS]
@@ -223,8 +233,9 @@ def _attention_of(layer: Any, what: str, index: int, positionless: bool) -> Any:
 
 
 def _form(fn: Callable, what: str) -> str:
-    """"pair" (`apply_rotary_pos_emb(q, k, cos, sin, ...)`) or "single" (`(x, cos, sin, unsqueeze_dim)`: Gemma 3n,
-    Gemma 4, one tensor per call) for the module-level function an attention forward calls."""
+    """"pair" (`apply_rotary_pos_emb(q, k, cos, sin, ...)`), "single" (`(x, cos, sin, unsqueeze_dim)`: Gemma 3n,
+    Gemma 4, one tensor per call) or "sincos" (`(tensor, sin, cos)`: GPT-J, CodeGen, see `shapes.py`) for the
+    module-level function an attention forward calls."""
     rotation = innermost(fn).__globals__.get(ROTATION)
     try:
         names = list(inspect.signature(rotation).parameters)[:4]
@@ -235,27 +246,24 @@ def _form(fn: Callable, what: str) -> str:
     if len(names) >= 3 and names[1:3] == ["cos", "sin"]:
         return "single"
     if len(names) >= 3 and names[1:3] == ["sin", "cos"]:
-        fail("model", "attention that rotates q and k with a module-level apply_rotary_pos_emb(q, k, cos, sin)",
-             Raw(f"{what}, whose attention applies GPT-J's single-tensor interleaved rotation "
-                 "apply_rotary_pos_emb(tensor, sin, cos) to q and k one at a time, from a sin/cos table gathered "
-                 "in the attention (no rotary module that could carry positions)"))
+        return "sincos"
     fail("model", "attention whose apply_rotary_pos_emb takes (q, k, cos, sin) or (x, cos, sin)",
          Raw(f"{what}, whose apply_rotary_pos_emb takes {names}"))
 
 
-def _with_rotation(fn: Callable, rotation: Callable, what: str) -> Callable:
-    """`fn` (and each decorator around it) rebuilt so that its `apply_rotary_pos_emb` is `rotation`."""
+def _with_rotation(fn: Callable, rotation: Callable, what: str, name: str = ROTATION) -> Callable:
+    """`fn` (and each decorator around it) rebuilt so that its `apply_rotary_pos_emb` (its `name`) is `rotation`."""
     inner = getattr(fn, "__wrapped__", None)
     if inner is None:
-        if ROTATION not in fn.__globals__:
-            fail("model", f"an attention module whose module defines {ROTATION}", Raw(what))
+        if name not in fn.__globals__:
+            fail("model", f"an attention module whose module defines {name}", Raw(what))
         scope = dict(fn.__globals__)  # a copy: transformers' module keeps its own function
-        scope[ROTATION] = rotation
-        if INTERLEAVE in scope:
+        scope[name] = rotation
+        if INTERLEAVE in scope and name == ROTATION:
             scope[INTERLEAVE] = _halves_first(rotation)
         new = types.FunctionType(fn.__code__, scope, fn.__name__, fn.__defaults__, fn.__closure__)
     else:
-        new_inner = _with_rotation(inner, rotation, what)
+        new_inner = _with_rotation(inner, rotation, what, name)
         cells = fn.__closure__ or ()
         held = [i for i, c in enumerate(cells) if _content(c) is inner]
         if len(held) != 1:
@@ -277,9 +285,9 @@ def _content(cell: Any) -> Any:
 
 
 def _rotation(rope: Rope | None, options: Options, what: str, index: int, float32: bool, form: str,
-              tables: Tables) -> Callable:
+              tables: Tables, layout: str | None = None) -> Callable:
     """posenc's `apply_rotary_pos_emb` for one layer, `(q, k, cos, sin)` or `(x, cos, sin)` (`form`); `cos`
-    carries the positions."""
+    carries the positions. The forms of another shape ("sincos", "complex" in `layout`) are `shapes.shaped`."""
     narrow = None if rope is None or rope.rotary_dim == rope.head_dim else dataclasses.replace(rope, head_dim=rope.rotary_dim)
 
     def pick(x: torch.Tensor, cos: Any) -> Rope:
@@ -310,6 +318,8 @@ def _rotation(rope: Rope | None, options: Options, what: str, index: int, float3
         return rotate_one(use, x, _axes(rope, cos.position_ids), options, cos.seq_len,
                           "bhtd" if unsqueeze_dim == 1 else "bthd")
 
+    if form in ("sincos", "complex"):
+        return shaped(form, pick, options, layout, tables)
     return apply_rotary_pos_emb if form == "pair" else apply_rotary_pos_emb_single
 
 
