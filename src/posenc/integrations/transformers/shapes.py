@@ -7,7 +7,8 @@
   `embed_positions` buffer of `torch.sin`/`torch.cos` rows, the bits of posenc's float32 table); GPT-J casts them
   to q's dtype, CodeGen keeps the buffer's (a float32 buffer rotates bf16 q and k in float32), so the rounding here
   follows the dtype the family's product runs in (bf16/fp16: tables and products rounded to it). float64 q and k
-  are rotated by posenc's reference (its C kernel rounds float64 interleaved pairs an ulp away from it).
+  are rotated by posenc's reference (its C kernel, once an ulp away at a few pairs per row, is now bit-identical
+  to it too: tests/kernels/test_cpu.py).
 - "complex": DeepSeek-V2 and Llama 4, `apply_rotary_emb(q, k, freqs_cis)`: channel pairs `(2i, 2i + 1)` read as
   complex numbers `a + ib` and multiplied in float32 by `freqs_cis = polar(1, p * inv_freq) * attention_factor`,
   `(a c - b s) + i(a s + b c)`. The angles here are posenc's (`p * angle_freq` of the layer's Rope, float32, as
