@@ -142,7 +142,7 @@ def with_policy(decoder: Any, dependent: dict[int, Rope], options: Options, tabl
 def _cached_forward(decoder: Any, original: Callable, call: dict[str, Any], cache: Any, cache_name: str,
                     dependent: dict[int, Rope], rope: Rope, options: Options, table: contextvars.ContextVar) -> Any:
     record = Record.of(cache)
-    cached = cache.get_seq_length()
+    cached = int(cache.get_seq_length())  # a static cache counts in a tensor
     if cached == 0:
         record.clear()
     elif record.length != cached:
@@ -167,12 +167,9 @@ def _cached_forward(decoder: Any, original: Callable, call: dict[str, Any], cach
         rerotate_cache(cache, dependent, record, record.table_len, length)
     keep = embeds if options.policy == "recompute" else None
     if rerun:  # the cached tokens run again under the new table: a fresh full forward over every token
-        mask = call.get("attention_mask")
-        if mask is not None and not (isinstance(mask, torch.Tensor) and mask.ndim == 2 and mask.shape[-1] == cached + t):
-            fail("attention_mask", f"None or a [b, {cached + t}] 0/1 mask over the cached and new tokens "
-                 "(policy='recompute' runs them again)", mask)
+        call["attention_mask"] = _padding(call.get("attention_mask"), record, b, cached + t)
         positions, keep = torch.cat((record.positions, positions), -1), torch.cat((record.embeds, embeds), 1)
-        cache.reset()  # the record follows
+        cache.reset()  # the record follows; a static cache's slots are written again from slot 0
         call.update(inputs_embeds=keep, position_ids=positions)
     token = table.set(length)
     try:
@@ -187,11 +184,25 @@ def _cached_forward(decoder: Any, original: Callable, call: dict[str, Any], cach
     return out
 
 
+def _padding(mask: Any, record: Record, b: int, n: int) -> torch.Tensor | None:
+    """The `[b, n]` 0/1 padding mask over the cached and new tokens for a re-run forward: the call's own, or,
+    when `generate()` passed a prepared (4-d, or per-layer-type) mask, as a static cache makes it do, the 2-d
+    mask `generate()` kept (`Record.padding`, taken by `generation.keep_padding`)."""
+    if mask is None or isinstance(mask, torch.Tensor) and mask.ndim == 2 and mask.shape == (b, n):
+        return mask
+    kept = record.padding
+    if kept is not None and kept.shape == (b, n):
+        return kept
+    fail("attention_mask", f"None or a [b, {n}] 0/1 mask over the cached and new tokens (policy='recompute' runs "
+         "them again; a prepared 4-d mask is read only inside generate())", mask)
+
+
 def _check_static(cache: Any, cache_name: str, rope: Rope, positions: torch.Tensor, options: Options) -> None:
-    """At a cache's first forward (when `generate()` starts): refuse a static cache under "recompute" or
-    "rerotate" if the rule's table can change within its length (its slots cannot be re-run or re-rotated
-    in place); nothing has run yet."""
-    if options.policy not in ("recompute", "rerotate") or not getattr(cache, "is_compileable", False):
+    """At a cache's first forward (when `generate()` starts): refuse a static cache under "rerotate" if the
+    rule's table can change within its length (its preallocated slots are not `[b, h, n, d]` keys of the cached
+    tokens); nothing has run yet. "recompute" runs the cached tokens again into the static cache's own slots
+    (`cache.reset()`, then slots 0 .. n-1, a sliding window's as a long prefill writes them)."""
+    if options.policy != "rerotate" or not getattr(cache, "is_compileable", False):
         return
     layers = list(getattr(cache, "layers", ()))
     lengths = [n for n in (getattr(layer, "max_cache_len", None) for layer in layers) if isinstance(n, int) and n > 0]
@@ -202,7 +213,7 @@ def _check_static(cache: Any, cache_name: str, rope: Rope, positions: torch.Tens
         limit = 1 << 24
     first = int(rope_positions(positions).max()) + 1
     if not same_table(rope, first, max(first, limit)):
-        fail(cache_name, f"a DynamicCache for policy={options.policy!r} with the {rope.scaling.name} rule (its table "
+        fail(cache_name, f"a DynamicCache for policy='rerotate' with the {rope.scaling.name} rule (its table "
              f"changes between length {first} and the static cache's "
-             f"{'unbounded sliding window' if limit == 1 << 24 else limit}; pass policy='freeze' or 'refuse', "
-             "or cache_implementation='dynamic')", Raw(f"{type(cache).__name__} of {max(lengths)} slots per layer"))
+             f"{'unbounded sliding window' if limit == 1 << 24 else limit}; pass policy='recompute', 'freeze' or "
+             "'refuse', or cache_implementation='dynamic')", Raw(f"{type(cache).__name__} of {max(lengths)} slots per layer"))

@@ -188,7 +188,7 @@ def _survey(model: Any, options: Options) -> list[tuple[Any, str, Any]]:
         if len(scalings) != 1:  # one table decision per forward
             fail("model", "one length-dependent rule shared by the layers that use one", Raw(f"{what}: {scalings}"))
         changes.append((decoder, "forward", with_policy(decoder, dependent, options, table)))
-    changes += generation_fixes(model, options, what)
+    changes += generation_fixes(model, options, what, padding=bool(dependent) and options.policy == "recompute")
     return changes
 
 

@@ -14,7 +14,9 @@ forward over the same tokens. Under a patch, the policy decides, as `posenc.KVCa
 - "refuse": a forward that would change the table raises `PosencError`.
 
 Each cache carries a `Record` (attribute `posenc_record`): the positions of its tokens, their input
-embeddings (recompute only) and the length whose table its keys carry. The cache's own `crop`,
+embeddings (recompute only), the length whose table its keys carry, and the 2-d padding mask `generate()`
+last held (recompute: a re-run forward needs it when `generate()` passes a prepared 4-d mask, as it does for
+a static cache, whose slots the re-run writes again from 0). The cache's own `crop`,
 `reorder_cache`, `batch_repeat_interleave`, `batch_select_indices` and `reset` (assisted decoding, beam
 search) are wrapped on that cache instance so the record follows them.
 """
@@ -44,6 +46,9 @@ class Record:
     positions: torch.Tensor | None = None  # [b, n] or [3, b, n] int64: every cached token's position
     embeds: torch.Tensor | None = None  # [b, n, hidden]: their inputs (policy "recompute")
     table_len: int | None = None  # the sequence length whose table the cached keys carry
+    # [b, n] the 0/1 mask generate() passed to prepare_inputs_for_generation (it prepares a 4-d one for a
+    # static cache): what a re-run forward reads; kept through `clear` (it is set before the forward)
+    padding: torch.Tensor | None = None
 
     @property
     def length(self) -> int:
