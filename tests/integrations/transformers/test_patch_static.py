@@ -62,6 +62,8 @@ CASES = {  # name: (model, prompt length, new tokens, left padding of row 1 or N
     "llama, left-padded batch": (lambda: tiny_model("llama", DYNAMIC, max_position_embeddings=16), 12, 8, 3),
     "phi3 longrope": (lambda: tiny_model("phi3"), 60, 8, None),
     "mistral sliding window 8": (lambda: _mistral(8), 12, 8, 2),
+    "gemma3 sliding and full layers": (lambda: tiny_model("gemma3", {"rope_type": "dynamic", "factor": 2.0},
+                                                          max_position_embeddings=16), 12, 8, 3),
 }
 
 
