@@ -12,9 +12,13 @@ from typing import Any, Callable
 import torch
 
 from ...errors import Raw, fail
+from ...rope.dispatch import rotate_held
 from ...rope.spec import Rope
 from ...rope.tables import RopeTable
 from .policy import Record, decide, rerotate_cache, rope_positions, same_table
+
+_KERNEL_DTYPES = (torch.float32, torch.float64)  # q's dtypes whose posenc default rounds as transformers
+_compiling = torch.compiler.is_compiling
 
 __all__ = ["Options", "Positions", "Tables", "positions_forward", "rotate", "rotate_one", "with_policy"]
 
@@ -52,10 +56,12 @@ class Positions:
 class Tables:
     """The `RopeTable` each layer Rope rotates with, held by one patched model (not per call): made again only
     when a forward needs more rows (doubling), another length under a length-dependent rule, another device or
-    precision. Layers that share a Rope share its table."""
+    precision. Layers that share a Rope share its table. `fast`: for a Rope of a fixed rule, the CPU kernel's
+    view of its held table (`RopeTable.held`), which a decode call hands to the kernel as is (`rotate`)."""
 
     def __init__(self) -> None:
         self.held: dict[Rope, RopeTable] = {}
+        self.fast: dict[Rope, tuple] = {}
 
     def table(self, rope: Rope, rows: int, seq_len: int, precision: str, device: torch.device) -> RopeTable:
         held = self.held.get(rope)
@@ -64,6 +70,10 @@ class Tables:
                 or held.cos.device != device:
             size = max(rows, 2 * held.rows if held is not None and held.seq_len == length else rows)
             held = self.held[rope] = rope.table(size, seq_len=length, precision=precision, device=device)
+            if length is None and held.held is not None:
+                self.fast[rope] = held.held
+            else:
+                self.fast.pop(rope, None)
         return held
 
 
@@ -88,6 +98,12 @@ def rotate(rope: Rope, q: torch.Tensor, k: torch.Tensor, positions: Positions, o
     float64, reproduced here; in bf16/fp16 its tables are rounded to bf16 while the products are float32,
     which posenc does not reproduce (its float32 tables are not rounded).
     """
+    fast = tables.fast.get(rope)
+    if fast is not None and q.dtype in _KERNEL_DTYPES and not (float32 and q.dtype == torch.float64) \
+            and options.impl in (None, "cpu") and not _compiling():  # the decode hot path: one kernel call
+        out = rotate_held(q, k, positions.position_ids, fast, "bhtd", rope.head_dim, False)
+        if out is not None:  # None: rows outside the table, other metadata (nothing written): the path below
+            return out
     compute = q.dtype if q.dtype in (torch.bfloat16, torch.float16) and options.impl is None else None
     if float32:
         compute = None
