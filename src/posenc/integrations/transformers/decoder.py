@@ -192,7 +192,8 @@ def _cached_forward(decoder: Any, original: Callable, call: dict[str, Any], cach
         out = original(decoder, **call)
     finally:
         table.reset(token)
-    record.append(positions, keep, length)
+    # `length` is max(position) + 1 over every token but under "freeze" (the prefill's table length)
+    record.append(positions, keep, length, None if options.policy == "freeze" and record.length else length)
     if rerun:
         out.last_hidden_state = out.last_hidden_state[:, -t:]
         if getattr(out, "hidden_states", None) is not None:
