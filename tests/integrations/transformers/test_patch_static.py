@@ -6,7 +6,8 @@ padding as `generate()` gives the cached run); for one unpadded row also the unp
 run without a cache (`fresh_full`). Every step's logits (`output_logits`) must be within 1e-4 of it, and the
 tokens those of the same run with a dynamic cache. The decoding crosses the rule's switch (dynamic NTK past
 L0 = 16; Phi-3's LongRoPE across original_max_position_embeddings = 64), and a run that keeps the cache as
-stock transformers does is shown to miss the oracle by far more.
+stock transformers does is shown to miss the oracle by far more. Also: a length-dependent rule whose table
+stays the same across lengths keeps its held table (no table made again at each step).
 """
 
 import pytest
@@ -116,3 +117,20 @@ def test_rerotate_with_a_static_cache_is_refused_when_generate_starts():
     with torch.no_grad(), pytest.raises(posenc.PosencError, match="DynamicCache for policy='rerotate'"):
         model.generate(_ids(1, 12), cache_implementation="static", max_new_tokens=8, do_sample=False, pad_token_id=0)
     unpatch(model)
+
+
+@pytest.mark.parametrize("family, prompt", [("phi3", 66), ("llama", 8)])
+def test_a_length_dependent_rule_keeps_its_table_while_the_table_stays_the_same(family, prompt, monkeypatch):
+    """Phi-3's LongRoPE past L0 = 64, dynamic NTK below L0 = 16: each step has another length, not another
+    table, so no table is made again (the steps still equal a fresh full forward, above and in test_policy)."""
+    model = patch(tiny_model(family, None if family == "phi3" else DYNAMIC, max_position_embeddings=16 if
+                             family == "llama" else 256))
+    made, real_table = [], posenc.Rope.table
+    monkeypatch.setattr(posenc.Rope, "table", lambda self, *a, **k: made.append(a) or real_table(self, *a, **k))
+    with torch.no_grad():
+        out = model(_ids(1, prompt), use_cache=True)
+        model(_ids(1, 1, seed=5), cache=out.cache, use_cache=True)  # the table's rows double at most once here
+        made.clear()
+        for seed in (6, 7):
+            model(_ids(1, 1, seed=seed), cache=out.cache, use_cache=True)
+    assert made == []

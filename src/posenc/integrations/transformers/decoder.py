@@ -55,25 +55,28 @@ class Positions:
 
 class Tables:
     """The `RopeTable` each layer Rope rotates with, held by one patched model (not per call): made again only
-    when a forward needs more rows (doubling), another length under a length-dependent rule, another device or
-    precision. Layers that share a Rope share its table. `fast`: for a Rope of a fixed rule, the CPU kernel's
-    view of its held table (`RopeTable.held`), which a decode call hands to the kernel as is (`rotate`)."""
+    when a forward needs more rows (doubling), another device or precision, or, under a length-dependent rule,
+    a length whose table differs (LongRoPE past L0 and dynamic NTK up to L0 keep theirs). Layers that share a
+    Rope share its table. `fast`: per Rope, the CPU kernel's view of its table (`RopeTable.held`) and the
+    length it was last found right for (None: a fixed rule), which `rotate` hands to the kernel as is."""
 
     def __init__(self) -> None:
         self.held: dict[Rope, RopeTable] = {}
-        self.fast: dict[Rope, tuple] = {}
+        self.fast: dict[Rope, tuple[tuple, int | None]] = {}
 
     def table(self, rope: Rope, rows: int, seq_len: int, precision: str, device: torch.device) -> RopeTable:
         held = self.held.get(rope)
         length = seq_len if rope.scaling.depends_on_length else None
-        if held is None or held.rows < rows or held.seq_len != length or held.precision != precision \
-                or held.cos.device != device:
+        usable = held is not None and held.precision == precision and held.cos.device == device
+        if usable and held.seq_len != length and same_table(rope, held.seq_len, length):
+            length = held.seq_len  # another length, the same table
+        if not usable or held.rows < rows or held.seq_len != length:
             size = max(rows, 2 * held.rows if held is not None and held.seq_len == length else rows)
             held = self.held[rope] = rope.table(size, seq_len=length, precision=precision, device=device)
-            if length is None and held.held is not None:
-                self.fast[rope] = held.held
-            else:
-                self.fast.pop(rope, None)
+        if held.held is not None:
+            self.fast[rope] = (held.held, None if length is None else seq_len)
+        else:
+            self.fast.pop(rope, None)
         return held
 
 
@@ -99,9 +102,9 @@ def rotate(rope: Rope, q: torch.Tensor, k: torch.Tensor, positions: Positions, o
     which posenc does not reproduce (its float32 tables are not rounded).
     """
     fast = tables.fast.get(rope)
-    if fast is not None and q.dtype in _KERNEL_DTYPES and not (float32 and q.dtype == torch.float64) \
-            and options.impl in (None, "cpu") and not _compiling():  # the decode hot path: one kernel call
-        out = rotate_held(q, k, positions.position_ids, fast, "bhtd", rope.head_dim, False)
+    if fast is not None and (fast[1] is None or fast[1] == positions.seq_len) and q.dtype in _KERNEL_DTYPES \
+            and not (float32 and q.dtype == torch.float64) and options.impl in (None, "cpu") and not _compiling():
+        out = rotate_held(q, k, positions.position_ids, fast[0], "bhtd", rope.head_dim, False)  # one kernel call
         if out is not None:  # None: rows outside the table, other metadata (nothing written): the path below
             return out
     compute = q.dtype if q.dtype in (torch.bfloat16, torch.float16) and options.impl is None else None
