@@ -115,6 +115,8 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--rotation", action="store_true", help="time the rotation alone (llama512 shapes)")
+    parser.add_argument("--control", action="store_true", help="A/A: the second model is an unpatched copy too "
+                        "(the ratios then show the noise floor of the machine)")
     parser.add_argument("--out", default=None, help="CSV rows (default results/transformers_patch[_MODEL].csv)")
     args = parser.parse_args()
     suffix = "" if args.model == "smollm2" else f"_{args.model}"
@@ -136,12 +138,13 @@ def main() -> None:
                                           num_hidden_layers=4, num_attention_heads=8, num_key_value_heads=8)
         torch.manual_seed(0)
         stock = transformers.LlamaForCausalLM(config).eval()
-        patched = patch(copy.deepcopy(stock))
+        patched = copy.deepcopy(stock) if args.control else patch(copy.deepcopy(stock))
         ids = torch.randint(0, 32000, (1, args.tokens), generator=torch.Generator().manual_seed(1))
     else:
         path = embedded_model_path()
         decoder = Decoder.from_pretrained(path)
-        stock, patched = to_transformers(decoder), patch(to_transformers(decoder))
+        stock, patched = to_transformers(decoder), to_transformers(decoder)
+        patched = patched if args.control else patch(patched)
         topics = pydoc_data.topics.topics
         text = "\n".join(topics[k] for k in sorted(topics))
         ids = torch.tensor([load_tokenizer(path).encode(text[: args.tokens * 8])[: args.tokens]])
