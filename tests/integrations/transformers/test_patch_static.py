@@ -85,6 +85,9 @@ def test_static_cache_recompute_equals_a_fresh_full_forward(case):
         seq = static.sequences
         gap = max((oracle(seq[:, :t + i]) - logits).abs().max().item() for i, logits in enumerate(static.logits))
         assert gap < 1e-4, gap
+    assert "prepare_inputs_for_generation" in model.__dict__  # the hook that keeps generate()'s 2-d mask
+    unpatch(model)
+    assert "prepare_inputs_for_generation" not in model.__dict__  # unpatch puts the class's method back
 
 
 def test_a_static_recompute_that_keeps_the_cache_is_caught(monkeypatch):
