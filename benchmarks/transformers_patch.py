@@ -3,9 +3,11 @@
 `--model smollm2` (default): two `LlamaForCausalLM` instances on the very same SmolLM2-135M tensors (posenc's
 loader, `to_transformers`); `--model llama512`: a random Llama of hidden 512, 4 layers, 8 heads, and a copy of
 it. One of the two is patched (default rule, policy recompute). Per repeat each runs a prefill of N real tokens and greedy decode
-steps through a `DynamicCache`; the two alternate, and which goes first alternates, so machine load hits
-both alike. 1 thread by default. Writes tidy CSV rows (provider, phase, tokens, p20/p50/p80 ms) and prints
-the median ratio patched / stock (< 1: the patched model is faster). Not a test: compare ratios.
+steps through a `DynamicCache`; the two are interleaved call by call (prefill, then each decode step of
+one and the same step of the other, which goes first swapping every step and every repeat), so machine load
+hits both alike. 1 thread by default. Writes tidy CSV rows (provider, phase, tokens, p20/p50/p80 ms) and
+prints the medians and the paired ratios patched / stock (each prefill pair and each decode-step pair; < 1:
+the patched model is faster), with their p20 and p80. Not a test: compare ratios.
 
     python benchmarks/transformers_patch.py --tokens 256 --decode 32 --repeats 7
     python benchmarks/transformers_patch.py --model llama512 --repeats 20
@@ -37,6 +39,29 @@ def run(model, ids, steps):
         token = model(token, cache=cache, use_cache=True).logits[:, -1:].argmax(-1)
         tokens.append(int(token))
     return prefill, (time.perf_counter() - start) / steps, tokens
+
+
+def paired_round(models, ids, steps, first):
+    """One round, the models interleaved at every call (`first` goes first, then they swap each step):
+    `({name: prefill seconds}, {name: [seconds of each decode step]}, {name: generated tokens})`."""
+    from transformers import DynamicCache
+
+    names = list(models) if first == 0 else list(models)[::-1]
+    caches = {n: DynamicCache(config=models[n].config) for n in names}
+    prefill, steps_s, tokens, last = {}, {n: [] for n in names}, {n: [] for n in names}, {}
+    for n in names:
+        start = time.perf_counter()
+        out = models[n](ids, cache=caches[n], use_cache=True)
+        prefill[n] = time.perf_counter() - start
+        last[n] = out.logits[:, -1:].argmax(-1)
+    for i in range(steps):
+        for n in names if i % 2 == 0 else names[::-1]:
+            start = time.perf_counter()
+            out = models[n](last[n], cache=caches[n], use_cache=True)
+            steps_s[n].append(time.perf_counter() - start)
+            last[n] = out.logits[:, -1:].argmax(-1)
+            tokens[n].append(int(last[n]))
+    return prefill, steps_s, tokens
 
 
 def rotation_rounds(rounds: int) -> None:
@@ -90,6 +115,8 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--rotation", action="store_true", help="time the rotation alone (llama512 shapes)")
+    parser.add_argument("--control", action="store_true", help="A/A: the second model is an unpatched copy too "
+                        "(the ratios then show the noise floor of the machine)")
     parser.add_argument("--out", default=None, help="CSV rows (default results/transformers_patch[_MODEL].csv)")
     args = parser.parse_args()
     suffix = "" if args.model == "smollm2" else f"_{args.model}"
@@ -111,12 +138,13 @@ def main() -> None:
                                           num_hidden_layers=4, num_attention_heads=8, num_key_value_heads=8)
         torch.manual_seed(0)
         stock = transformers.LlamaForCausalLM(config).eval()
-        patched = patch(copy.deepcopy(stock))
+        patched = copy.deepcopy(stock) if args.control else patch(copy.deepcopy(stock))
         ids = torch.randint(0, 32000, (1, args.tokens), generator=torch.Generator().manual_seed(1))
     else:
         path = embedded_model_path()
         decoder = Decoder.from_pretrained(path)
-        stock, patched = to_transformers(decoder), patch(to_transformers(decoder))
+        stock, patched = to_transformers(decoder), to_transformers(decoder)
+        patched = patched if args.control else patch(patched)
         topics = pydoc_data.topics.topics
         text = "\n".join(topics[k] for k in sorted(topics))
         ids = torch.tensor([load_tokenizer(path).encode(text[: args.tokens * 8])[: args.tokens]])
@@ -126,13 +154,16 @@ def main() -> None:
     with torch.no_grad():
         for name, model in models.items():  # warm-up (and the kernel build) outside the timings
             run(model, ids[:, :16], 2)
+        ratios = {"prefill": [], "decode": []}
         for r in range(args.repeats):
-            order = list(models) if r % 2 == 0 else list(models)[::-1]
-            for name in order:
-                prefill, step, tokens = run(models[name], ids, args.decode)
-                times[name, "prefill"].append(prefill)
-                times[name, "decode"].append(step)
-                outputs[name] = tokens
+            prefill, steps, tokens = paired_round(models, ids, args.decode, r % 2)
+            for name in models:
+                times[name, "prefill"].append(prefill[name])
+                times[name, "decode"].extend(steps[name])
+                outputs[name] = tokens[name]
+            a, b = models
+            ratios["prefill"].append(prefill[b] / prefill[a])
+            ratios["decode"] += [y / x for x, y in zip(steps[a], steps[b])]
             print(f"repeat {r + 1}/{args.repeats}", flush=True)
     if outputs["transformers"] != outputs["transformers+posenc"]:
         raise SystemExit("the patched model generated other tokens than stock transformers")
@@ -147,9 +178,9 @@ def main() -> None:
           f"after it, {args.repeats} alternating repeats (median ms)")
     for phase in ("prefill", "decode"):
         a, b = (statistics.median(times[n, phase]) for n in models)
-        ratios = [p / q for p, q in zip(times["transformers+posenc", phase], times["transformers", phase])]
+        lo, mid, hi = quantiles(ratios[phase])
         print(f"{phase:8s} transformers {1e3 * a:8.2f}   patched {1e3 * b:8.2f}   patched/stock {b / a:.3f}   "
-              f"median of per-round ratios {statistics.median(ratios):.3f}")
+              f"paired ratios: median {mid:.3f} (p20 {lo:.3f}, p80 {hi:.3f}, n {len(ratios[phase])})")
     print(f"rows: {args.out}")
 
 

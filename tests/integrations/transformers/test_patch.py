@@ -37,14 +37,17 @@ def test_patched_model_is_bit_identical_to_transformers(family, dtype):
 
 
 def test_the_rotation_is_posencs_and_transformers_module_is_untouched(monkeypatch):
+    import importlib
+
     from transformers.models.smollm3 import modeling_smollm3 as module
 
     original = module.apply_rotary_pos_emb
     model = patch(tiny_model("smollm3"))
     assert module.apply_rotary_pos_emb is original  # the module keeps its function
+    patch_module = importlib.import_module("posenc.integrations.transformers.patch")  # the module, not the function
     calls = []
-    real_apply = posenc.Rope.apply
-    monkeypatch.setattr(posenc.Rope, "apply", lambda self, *a, **k: calls.append(self) or real_apply(self, *a, **k))
+    real_rotate = patch_module.rotate  # posenc's rotation of one layer (held table, or Rope.apply)
+    monkeypatch.setattr(patch_module, "rotate", lambda rope, *a, **k: calls.append(rope) or real_rotate(rope, *a, **k))
 
     def broken(*args, **kwargs):
         raise AssertionError("transformers' rotation ran")
@@ -56,6 +59,31 @@ def test_the_rotation_is_posencs_and_transformers_module_is_untouched(monkeypatc
         unpatch(model)
         with pytest.raises(AssertionError, match="transformers' rotation ran"):
             model(_ids())
+
+
+def test_a_decode_step_rotates_each_layer_in_one_kernel_call_on_the_held_table(monkeypatch):
+    """After the first forward made the table, a step calls the kernel entry once per layer (q and k together)
+    with the held table's view, and never `Rope.apply` (whose per-call checks the patch has done)."""
+    from posenc.integrations.transformers import decoder
+
+    model = patch(tiny_model("llama"))
+    real_held, real_apply = decoder.rotate_held, posenc.Rope.apply
+    held, applied = [], []
+    monkeypatch.setattr(decoder, "rotate_held", lambda q, k, *a: held.append(a[1]) or real_held(q, k, *a))
+    monkeypatch.setattr(posenc.Rope, "apply", lambda self, *a, **k: applied.append(self) or real_apply(self, *a, **k))
+    def steps():
+        out = model(_ids(1, 8), use_cache=True)
+        model(_ids(1, 1, seed=5), cache=out.cache, use_cache=True)  # position 8: the table grows (doubling)
+        held.clear(), applied.clear()
+        return model(_ids(1, 1, seed=6), cache=out.cache, use_cache=True).logits
+
+    with torch.no_grad():
+        step = steps()
+    assert len(held) == 3 and not applied  # three layers
+    assert len({id(t) for t in held}) == 1  # one Rope, one table, held across layers and calls
+    unpatch(model)
+    with torch.no_grad():  # the same step through transformers' own rotation
+        assert torch.equal(steps(), step)
 
 
 def test_unpatch_restores_the_instance_and_a_second_patch_never_rotates_twice():

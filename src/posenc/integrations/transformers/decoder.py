@@ -12,9 +12,13 @@ from typing import Any, Callable
 import torch
 
 from ...errors import Raw, fail
+from ...rope.dispatch import rotate_held
 from ...rope.spec import Rope
 from ...rope.tables import RopeTable
 from .policy import Record, decide, rerotate_cache, rope_positions, same_table
+
+_KERNEL_DTYPES = (torch.float32, torch.float64)  # q's dtypes whose posenc default rounds as transformers
+_compiling = torch.compiler.is_compiling
 
 __all__ = ["Options", "Positions", "Tables", "positions_forward", "rotate", "rotate_one", "with_policy"]
 
@@ -51,19 +55,28 @@ class Positions:
 
 class Tables:
     """The `RopeTable` each layer Rope rotates with, held by one patched model (not per call): made again only
-    when a forward needs more rows (doubling), another length under a length-dependent rule, another device or
-    precision. Layers that share a Rope share its table."""
+    when a forward needs more rows (doubling), another device or precision, or, under a length-dependent rule,
+    a length whose table differs (LongRoPE past L0 and dynamic NTK up to L0 keep theirs). Layers that share a
+    Rope share its table. `fast`: per Rope, the CPU kernel's view of its table (`RopeTable.held`) and the
+    length it was last found right for (None: a fixed rule), which `rotate` hands to the kernel as is."""
 
     def __init__(self) -> None:
         self.held: dict[Rope, RopeTable] = {}
+        self.fast: dict[Rope, tuple[tuple, int | None]] = {}
 
     def table(self, rope: Rope, rows: int, seq_len: int, precision: str, device: torch.device) -> RopeTable:
         held = self.held.get(rope)
         length = seq_len if rope.scaling.depends_on_length else None
-        if held is None or held.rows < rows or held.seq_len != length or held.precision != precision \
-                or held.cos.device != device:
+        usable = held is not None and held.precision == precision and held.cos.device == device
+        if usable and held.seq_len != length and same_table(rope, held.seq_len, length):
+            length = held.seq_len  # another length, the same table
+        if not usable or held.rows < rows or held.seq_len != length:
             size = max(rows, 2 * held.rows if held is not None and held.seq_len == length else rows)
             held = self.held[rope] = rope.table(size, seq_len=length, precision=precision, device=device)
+        if held.held is not None:
+            self.fast[rope] = (held.held, None if length is None else seq_len)
+        else:
+            self.fast.pop(rope, None)
         return held
 
 
@@ -88,6 +101,12 @@ def rotate(rope: Rope, q: torch.Tensor, k: torch.Tensor, positions: Positions, o
     float64, reproduced here; in bf16/fp16 its tables are rounded to bf16 while the products are float32,
     which posenc does not reproduce (its float32 tables are not rounded).
     """
+    fast = tables.fast.get(rope)
+    if fast is not None and (fast[1] is None or fast[1] == positions.seq_len) and q.dtype in _KERNEL_DTYPES \
+            and not (float32 and q.dtype == torch.float64) and options.impl in (None, "cpu") and not _compiling():
+        out = rotate_held(q, k, positions.position_ids, fast[0], "bhtd", rope.head_dim, False)  # one kernel call
+        if out is not None:  # None: rows outside the table, other metadata (nothing written): the path below
+            return out
     compute = q.dtype if q.dtype in (torch.bfloat16, torch.float16) and options.impl is None else None
     if float32:
         compute = None
@@ -142,7 +161,7 @@ def with_policy(decoder: Any, dependent: dict[int, Rope], options: Options, tabl
 def _cached_forward(decoder: Any, original: Callable, call: dict[str, Any], cache: Any, cache_name: str,
                     dependent: dict[int, Rope], rope: Rope, options: Options, table: contextvars.ContextVar) -> Any:
     record = Record.of(cache)
-    cached = cache.get_seq_length()
+    cached = int(cache.get_seq_length())  # a static cache counts in a tensor
     if cached == 0:
         record.clear()
     elif record.length != cached:
@@ -167,19 +186,17 @@ def _cached_forward(decoder: Any, original: Callable, call: dict[str, Any], cach
         rerotate_cache(cache, dependent, record, record.table_len, length)
     keep = embeds if options.policy == "recompute" else None
     if rerun:  # the cached tokens run again under the new table: a fresh full forward over every token
-        mask = call.get("attention_mask")
-        if mask is not None and not (isinstance(mask, torch.Tensor) and mask.ndim == 2 and mask.shape[-1] == cached + t):
-            fail("attention_mask", f"None or a [b, {cached + t}] 0/1 mask over the cached and new tokens "
-                 "(policy='recompute' runs them again)", mask)
+        call["attention_mask"] = _padding(call.get("attention_mask"), record, b, cached + t)
         positions, keep = torch.cat((record.positions, positions), -1), torch.cat((record.embeds, embeds), 1)
-        cache.reset()  # the record follows
+        cache.reset()  # the record follows; a static cache's slots are written again from slot 0
         call.update(inputs_embeds=keep, position_ids=positions)
     token = table.set(length)
     try:
         out = original(decoder, **call)
     finally:
         table.reset(token)
-    record.append(positions, keep, length)
+    # `length` is max(position) + 1 over every token but under "freeze" (the prefill's table length)
+    record.append(positions, keep, length, None if options.policy == "freeze" and record.length else length)
     if rerun:
         out.last_hidden_state = out.last_hidden_state[:, -t:]
         if getattr(out, "hidden_states", None) is not None:
@@ -187,11 +204,25 @@ def _cached_forward(decoder: Any, original: Callable, call: dict[str, Any], cach
     return out
 
 
+def _padding(mask: Any, record: Record, b: int, n: int) -> torch.Tensor | None:
+    """The `[b, n]` 0/1 padding mask over the cached and new tokens for a re-run forward: the call's own, or,
+    when `generate()` passed a prepared (4-d, or per-layer-type) mask, as a static cache makes it do, the 2-d
+    mask `generate()` kept (`Record.padding`, taken by `generation.keep_padding`)."""
+    if mask is None or isinstance(mask, torch.Tensor) and mask.ndim == 2 and mask.shape == (b, n):
+        return mask
+    kept = record.padding
+    if kept is not None and kept.shape == (b, n):
+        return kept
+    fail("attention_mask", f"None or a [b, {n}] 0/1 mask over the cached and new tokens (policy='recompute' runs "
+         "them again; a prepared 4-d mask is read only inside generate())", mask)
+
+
 def _check_static(cache: Any, cache_name: str, rope: Rope, positions: torch.Tensor, options: Options) -> None:
-    """At a cache's first forward (when `generate()` starts): refuse a static cache under "recompute" or
-    "rerotate" if the rule's table can change within its length (its slots cannot be re-run or re-rotated
-    in place); nothing has run yet."""
-    if options.policy not in ("recompute", "rerotate") or not getattr(cache, "is_compileable", False):
+    """At a cache's first forward (when `generate()` starts): refuse a static cache under "rerotate" if the
+    rule's table can change within its length (its preallocated slots are not `[b, h, n, d]` keys of the cached
+    tokens); nothing has run yet. "recompute" runs the cached tokens again into the static cache's own slots
+    (`cache.reset()`, then slots 0 .. n-1, a sliding window's as a long prefill writes them)."""
+    if options.policy != "rerotate" or not getattr(cache, "is_compileable", False):
         return
     layers = list(getattr(cache, "layers", ()))
     lengths = [n for n in (getattr(layer, "max_cache_len", None) for layer in layers) if isinstance(n, int) and n > 0]
@@ -202,7 +233,7 @@ def _check_static(cache: Any, cache_name: str, rope: Rope, positions: torch.Tens
         limit = 1 << 24
     first = int(rope_positions(positions).max()) + 1
     if not same_table(rope, first, max(first, limit)):
-        fail(cache_name, f"a DynamicCache for policy={options.policy!r} with the {rope.scaling.name} rule (its table "
+        fail(cache_name, f"a DynamicCache for policy='rerotate' with the {rope.scaling.name} rule (its table "
              f"changes between length {first} and the static cache's "
-             f"{'unbounded sliding window' if limit == 1 << 24 else limit}; pass policy='freeze' or 'refuse', "
-             "or cache_implementation='dynamic')", Raw(f"{type(cache).__name__} of {max(lengths)} slots per layer"))
+             f"{'unbounded sliding window' if limit == 1 << 24 else limit}; pass policy='recompute', 'freeze' or "
+             "'refuse', or cache_implementation='dynamic')", Raw(f"{type(cache).__name__} of {max(lengths)} slots per layer"))

@@ -14,7 +14,8 @@
 `forward` (transformers' code, run with posenc's rotation in place of its module's `apply_rotary_pos_emb`),
 the rotary module's `forward` returns the positions instead of (cos, sin) tables, and the few generation
 hooks that fight a cache policy are replaced on the instance (Phi-3's cache drop at the LongRoPE switch,
-the Qwen2-VL and Qwen3-VL families' `get_rope_index`). The RoPE of every layer comes from
+the Qwen2-VL and Qwen3-VL families' `get_rope_index`; under "recompute" with a length-dependent rule,
+`prepare_inputs_for_generation` also keeps `generate()`'s 2-d mask for a re-run). The RoPE of every layer comes from
 `posenc.hf.layer_ropes(model.config)`; see `policy.py` for what each cache policy does with a length-dependent rule.
 
 Everything `patch` needs is checked before it changes anything: a model it cannot patch raises
@@ -197,7 +198,7 @@ def _survey(model: Any, options: Options) -> list[tuple[Any, str, Any]]:
         if len(scalings) != 1:  # one table decision per forward
             fail("model", "one length-dependent rule shared by the layers that use one", Raw(f"{what}: {scalings}"))
         changes.append((decoder, "forward", with_policy(decoder, dependent, options, table)))
-    changes += generation_fixes(model, options, what)
+    changes += generation_fixes(model, options, what, padding=bool(dependent) and options.policy == "recompute")
     return changes
 
 

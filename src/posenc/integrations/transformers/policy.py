@@ -14,7 +14,9 @@ forward over the same tokens. Under a patch, the policy decides, as `posenc.KVCa
 - "refuse": a forward that would change the table raises `PosencError`.
 
 Each cache carries a `Record` (attribute `posenc_record`): the positions of its tokens, their input
-embeddings (recompute only) and the length whose table its keys carry. The cache's own `crop`,
+embeddings (recompute only), the length whose table its keys carry, and the 2-d padding mask `generate()`
+last held (recompute: a re-run forward needs it when `generate()` passes a prepared 4-d mask, as it does for
+a static cache, whose slots the re-run writes again from 0). The cache's own `crop`,
 `reorder_cache`, `batch_repeat_interleave`, `batch_select_indices` and `reset` (assisted decoding, beam
 search) are wrapped on that cache instance so the record follows them.
 """
@@ -44,20 +46,47 @@ class Record:
     positions: torch.Tensor | None = None  # [b, n] or [3, b, n] int64: every cached token's position
     embeds: torch.Tensor | None = None  # [b, n, hidden]: their inputs (policy "recompute")
     table_len: int | None = None  # the sequence length whose table the cached keys carry
+    # [b, n] the 0/1 mask generate() passed to prepare_inputs_for_generation (it prepares a 4-d one for a
+    # static cache): what a re-run forward reads; kept through `clear` (it is set before the forward)
+    padding: torch.Tensor | None = None
+    top: int | None = None  # max(positions) + 1 of the cached tokens (None: read it from `positions`)
+    space: torch.Tensor | None = None  # [b, capacity, hidden]: `embeds` is its first n columns (amortized appends)
 
     @property
     def length(self) -> int:
         return 0 if self.positions is None else self.positions.shape[-1]
 
     def clear(self) -> None:
-        self.positions = self.embeds = self.table_len = None
+        self.positions = self.embeds = self.table_len = self.top = self.space = None
 
-    def append(self, positions: torch.Tensor, embeds: torch.Tensor | None, table_len: int | None) -> None:
+    def end(self) -> int:
+        """`max(positions) + 1` of the cached tokens (one host read, kept until an edit)."""
+        if self.top is None:
+            self.top = int(rope_positions(self.positions).max()) + 1
+        return self.top
+
+    def append(self, positions: torch.Tensor, embeds: torch.Tensor | None, table_len: int | None,
+               top: int | None = None) -> None:
+        """Add tokens; `top`: `max(positions) + 1` over every token after this one, when the caller knows it."""
         self.positions = positions if self.positions is None else torch.cat((self.positions, positions), dim=-1)
         if embeds is not None:
-            self.embeds = embeds if self.embeds is None else torch.cat((self.embeds, embeds), dim=1)
-        self.table_len = table_len
+            self.embeds = embeds if self.embeds is None else self._grown(embeds)
+        self.table_len, self.top = table_len, top
 
+    def _grown(self, new: torch.Tensor) -> torch.Tensor:
+        """`embeds` followed by `new` (dim 1), written into `space` (made again, doubling, when it cannot hold
+        them): a decode step copies its own token, not the whole record."""
+        old, space = self.embeds, self.space
+        n, t = old.shape[1], new.shape[1]
+        if new.requires_grad or old.requires_grad:
+            return torch.cat((old, new), dim=1)
+        if (space is None or space.shape[1] < n + t or space.data_ptr() != old.data_ptr()
+                or space.shape[::2] != old.shape[::2] or space.dtype != new.dtype or space.device != new.device
+                or old.stride() != space[:, :n].stride() or space.is_inference() != torch.is_inference_mode_enabled()):
+            space = self.space = old.new_empty((old.shape[0], max(2 * (n + t), 64), old.shape[2]))
+            space[:, :n] = old
+        space[:, n:n + t] = new
+        return space[:, :n + t]
     @staticmethod
     def of(cache: Any) -> "Record":
         """The cache's record, attached (with the cache's row and length edits followed) on first use."""
@@ -75,6 +104,7 @@ class Record:
         if name == "reset" or self.positions is None:
             self.clear()
             return
+        self.top = None  # read again from the edited positions
         if name == "crop":
             n = cache.get_seq_length()
             self.positions = self.positions[..., :n]
@@ -119,7 +149,7 @@ def decide(rope: Rope, record: Record, positions: torch.Tensor, policy: str) -> 
     new = int(rope_positions(positions).max()) + 1
     if record.length == 0:
         return new, False
-    length = max(new, int(rope_positions(record.positions).max()) + 1)
+    length = max(new, record.end())
     old = record.table_len
     if same_table(rope, old, length):
         return length, False
