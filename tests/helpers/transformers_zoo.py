@@ -38,8 +38,30 @@ def causal_lm_types() -> list[str]:
     return sorted(t for t, _ in rotary_model_types() if t in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES)
 
 
+class NotApplicable(Exception):
+    """A check the family has no such option for (its config class refuses the rule, or its rotating layers
+    use a rule the check's rule cannot replace); the message says why."""
+
+
+def _build(model_type: str, kw: dict):
+    """`AutoConfig.for_model(model_type, **kw)`; keys a config class exposes as read-only properties are left to it."""
+    from transformers import AutoConfig
+
+    for _ in range(8):
+        try:
+            return AutoConfig.for_model(model_type, **kw)
+        except AttributeError as e:
+            name = str(e).split("'")[1] if "property" in str(e) else None
+            if name not in kw:
+                raise
+            kw.pop(name)
+    raise AssertionError(f"{model_type}: read-only properties left after 8 tries: {sorted(kw)}")
+
+
 def zoo_config(model_type: str, rope: dict | None = None):
-    """The model type's config class at the tiny sizes (keys it does not have are left out)."""
+    """The model type's config class at the tiny sizes (keys it does not have are left out); `rope` is given to the
+    config class as a user would give it (see `_with_rule`), so the class validates it. Raises `NotApplicable`
+    when the family has no such option."""
     from transformers import AutoConfig
 
     base = AutoConfig.for_model(model_type)
@@ -56,30 +78,60 @@ def zoo_config(model_type: str, rope: dict | None = None):
         kw["num_key_value_heads"] = kw["num_attention_heads"]
     if "rotary_dim" in keys:  # GPT-J / CodeGen: rotary channels of a head
         kw["rotary_dim"] = 8
-    for _ in range(8):  # keys a config class exposes as read-only properties are left to it
-        try:
-            config = AutoConfig.for_model(model_type, **kw)
-            break
-        except AttributeError as e:
-            name = str(e).split("'")[1] if "property" in str(e) else None
-            if name not in kw:
-                raise
-            kw.pop(name)
+    config = _build(model_type, dict(kw))
     _fit_mrope(getattr(config, "rope_parameters", None), kw.get("head_dim", 16))
-    if rope is not None:
-        params = getattr(config, "rope_parameters", None)
-        if isinstance(params, dict) and params and all(isinstance(v, dict) for v in params.values()):
-            key = "full_attention" if "full_attention" in params else next(iter(params))
-            params[key] = {**_kept(params[key]), **rope}
-        else:
-            config.rope_parameters = {**_kept(params or {}), **rope}
-    return config
+    if rope is None:
+        return config
+    kw["rope_parameters"] = _with_rule(config, rope, kw.get("head_dim", 16))
+    if "original_max_position_embeddings" in keys and "original_max_position_embeddings" in rope:
+        kw["original_max_position_embeddings"] = rope["original_max_position_embeddings"]  # Phi-3 reads this one
+    try:
+        return _build(model_type, kw)
+    except Exception as e:  # noqa: BLE001 (the config class refuses the rule: the family has no such option)
+        why = " ".join(line.strip() for line in str(e).splitlines() if line.strip())
+        raise NotApplicable(f"{type(config).__name__} refuses it: {why[:160]}") from e
+
+
+def _with_rule(config, rope: dict, head_dim: int) -> dict:
+    """The config's rope parameters with `rope` as the rule of its rotating layers. Layer-type dicts: on the
+    full-attention layers when they rotate with a replaceable rule, else on every rotating layer type (Beam's
+    full layers apply no RoPE). A "proportional" dict (Gemma 4, LFM3: a whole-head table, zero frequencies past
+    partial_rotary_factor) takes only its own linear factor; another rule there is not applicable (transformers
+    would apply a rotary_dim-wide table to the whole head)."""
+    import copy
+
+    params = copy.deepcopy(getattr(config, "rope_parameters", None) or {})
+    per_layer = bool(params) and all(isinstance(v, dict) or v is None for v in params.values())
+    entries = params if per_layer else {None: params}
+    used = set(getattr(config, "layer_types", None) or ()) if per_layer else {None}
+    rotating = {k: v for k, v in entries.items() if isinstance(v, dict) and (k in used or not used)}
+    replaceable = [k for k, v in rotating.items() if v.get("rope_type") != "proportional"]
+    targets = ["full_attention"] if "full_attention" in replaceable else replaceable
+    if targets:
+        entries.update({k: {**_kept(entries[k]), **_sized(rope, entries[k], head_dim)} for k in targets})
+    elif rotating and rope.get("rope_type") == "linear":
+        entries.update({k: {**v, "factor": rope["factor"]} for k, v in rotating.items()})
+    else:
+        kinds = sorted({str(v.get("rope_type")) for v in rotating.values()})
+        raise NotApplicable(f"the rotating layers' rule is {kinds} (no {rope.get('rope_type')} form)")
+    return entries if per_layer else entries[None]
 
 
 def _kept(params: dict) -> dict:
-    """What a replaced rule keeps of the model's rope dict: theta and the rotated channels."""
-    return {k: v for k, v in params.items() if k in ("rope_theta", "partial_rotary_factor", "mrope_section",
-                                                      "mrope_interleaved")}
+    """What a replaced rule keeps of the model's rope dict: theta, the rotated channels, and what the attention
+    itself reads (Ministral 3's Llama-4 query temperature: llama_4_scaling_beta and its L0)."""
+    kept = ("rope_theta", "partial_rotary_factor", "mrope_section", "mrope_interleaved", "llama_4_scaling_beta",
+            *(("original_max_position_embeddings",) if "llama_4_scaling_beta" in params else ()))
+    return {k: v for k, v in params.items() if k in kept}
+
+
+def _sized(rope: dict, params: dict, head_dim: int) -> dict:
+    """LongRoPE's per-frequency factors sized to the layer's rotary_dim / 2 (distinct short and long ladders)."""
+    if rope.get("rope_type") != "longrope" or "short_factor" in rope:
+        return rope
+    half = int(head_dim * params.get("partial_rotary_factor", 1.0)) // 2
+    return {**rope, "short_factor": [1.0 + 0.1 * i for i in range(half)],
+            "long_factor": [2.0 + 0.5 * i for i in range(half)]}
 
 
 def _fit_mrope(params, head_dim: int) -> None:
@@ -128,8 +180,14 @@ RULES = {"linear": {"rope_type": "linear", "factor": 2.0},
          "llama3": {"rope_type": "llama3", "factor": 4.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                     "original_max_position_embeddings": 16}}
 DYNAMIC = {"rope_type": "dynamic", "factor": 2.0}
-CHECKS = ("logits", "greedy", "left-padded", "beam 2", "static cache", "unpatch", *RULES, "dynamic recompute",
-          "static + recompute")
+# LongRoPE at L0 16 (factors sized to the rotary width by `_sized`), for the families whose config class names
+# it (Phi-3's accepts only default and longrope); Phi-MoE's rotary also reads (and its class requires) the mscales,
+# equal in its checkpoints (posenc refuses unequal ones: tests/hf/test_rope_config_errors.py)
+LONGROPE = {"rope_type": "longrope", "original_max_position_embeddings": 16}
+LONGROPE_TYPES = {"phi3": LONGROPE, "phi4_multimodal": LONGROPE,
+                  "phimoe": {**LONGROPE, "short_mscale": 1.2, "long_mscale": 1.2}}
+CHECKS = ("logits", "greedy", "left-padded", "beam 2", "static cache", "unpatch", *RULES, "longrope",
+          "dynamic recompute", "static + recompute")
 
 
 def _ids(b: int, t: int, seed: int = 1) -> torch.Tensor:
@@ -169,14 +227,13 @@ def conformance(model_type: str) -> dict[str, str]:
     `{"refused": message}` when patch refuses it, `{"not built": reason}` when transformers cannot build or run it.
 
     Checks: logits torch.equal; greedy, left-padded batch, beam 2 and static-cache `generate()` identical;
-    unpatch restores the logits; linear, YaRN and Llama-3 rules: logits and greedy identical; dynamic NTK
-    (L0 16) under policy "recompute": every cached step within 1e-4 of a fresh full forward; a static cache
-    under "recompute" is refused when `generate()` starts.
+    unpatch restores the logits; linear, YaRN and Llama-3 rules: logits identical; LongRoPE (L0 16, the families
+    whose config class has it): logits identical below and past L0, and under policy "recompute" every cached step
+    across L0 within 1e-4 of a fresh full forward; dynamic NTK (L0 16) under "recompute": the same; a static
+    cache under "recompute" is refused when `generate()` starts. A rule the family has no form of is "n/a: why".
     """
     import posenc
     from posenc.integrations.transformers import patch, unpatch
-
-    from tests.helpers.transformers_tiny import cached_vs_full, fresh_full
 
     ids = _ids(2, 10)
     mask = torch.ones_like(ids)
@@ -202,28 +259,67 @@ def conformance(model_type: str) -> dict[str, str]:
     except Exception as e:  # noqa: BLE001 (a crash under the patch is a result)
         out["crash"] = f"{type(e).__name__}: {str(e)[:200]}"
         return out
-    for name, rule in {**RULES, "dynamic recompute": DYNAMIC}.items():
+    out.update(_rule_checks(model_type, ids, mask))
+    return out
+
+
+def _rule_checks(model_type: str, ids: torch.Tensor, mask: torch.Tensor) -> dict[str, str]:
+    """The rule checks of `conformance` (a fresh model per rule; the unpatched one is the reference)."""
+    import posenc
+    from posenc.integrations.transformers import patch
+
+    from tests.helpers.transformers_tiny import cached_vs_full, fresh_full
+
+    longrope = {"longrope": LONGROPE_TYPES[model_type]} if model_type in LONGROPE_TYPES else {}
+    out: dict[str, str] = {}
+    for name, rule in {**RULES, **longrope, "dynamic recompute": DYNAMIC}.items():
+        dynamic, lengthwise = name == "dynamic recompute", name in ("dynamic recompute", "longrope")
         try:
-            model = zoo_model(model_type, rope=rule, max_positions=16 if rule is DYNAMIC else None)
+            model = zoo_model(model_type, rope=rule, max_positions=16 if dynamic else None)
+        except NotApplicable as e:
+            out[name] = f"n/a: {e}"
+            if dynamic:
+                out["static + recompute"] = "n/a: no dynamic rule"
+            continue
+        except Exception as e:  # noqa: BLE001 (transformers cannot build it with this rule)
+            out[name] = f"n/a (transformers: {type(e).__name__}: {str(e)[:120]})"
+            continue
+        long_ids = _ids(2, 24, seed=2)  # past LongRoPE's L0 (16)
+        try:
             with torch.no_grad():
                 reference = model(ids, attention_mask=mask).logits
-                if rule is DYNAMIC:
-                    full = fresh_full(model)
-                    patch(model)
-                    worst, _ = cached_vs_full(model, full, ids[:1, :10], 10)
-                    out[name] = "ok" if worst < 1e-4 else f"{worst:.2g} from a fresh full forward"
-                    try:
-                        model.generate(ids, attention_mask=mask, cache_implementation="static", max_new_tokens=10,
-                                       do_sample=False, pad_token_id=0)
-                        out["static + recompute"] = "ran (no table change seen)"
-                    except posenc.PosencError as e:
-                        started = "DynamicCache for policy='recompute'" in str(e)
-                        out["static + recompute"] = "refused at start" if started else f"refused: {e}"
-                    continue
+                reference_long = model(long_ids).logits if name == "longrope" else None
+        except Exception as e:  # noqa: BLE001 (stock fails: nothing to compare with)
+            out[name] = f"n/a (transformers: {type(e).__name__}: {str(e)[:120]})"
+            continue
+        try:
+            with torch.no_grad():
+                full = fresh_full(model) if lengthwise else None
                 patch(model)
-                out[name] = "ok" if torch.equal(model(ids, attention_mask=mask).logits, reference) else "differs"
+                same = torch.equal(model(ids, attention_mask=mask).logits, reference)
+                if reference_long is not None:
+                    same = same and torch.equal(model(long_ids).logits, reference_long)
+                if full is None or not same:
+                    out[name] = "ok" if same else "differs"
+                    continue
+                worst, _ = cached_vs_full(model, full, ids[:1, :10], 10)  # crosses L0 = 16
+                out[name] = "ok" if worst < 1e-4 else f"{worst:.2g} from a fresh full forward"
+                if dynamic:
+                    out["static + recompute"] = _static_recompute(model, ids, mask)
         except posenc.PosencError as e:
             out[name] = f"refused: {str(e)[:160]}"
         except Exception as e:  # noqa: BLE001
             out[name] = f"{type(e).__name__}: {str(e)[:160]}"
     return out
+
+
+def _static_recompute(model, ids: torch.Tensor, mask: torch.Tensor) -> str:
+    """A static cache under "recompute" with a table that changes within its length: refused when generate() starts."""
+    import posenc
+
+    try:
+        model.generate(ids, attention_mask=mask, cache_implementation="static", max_new_tokens=10, do_sample=False,
+                       pad_token_id=0)
+        return "ran (no table change seen)"
+    except posenc.PosencError as e:
+        return "refused at start" if "DynamicCache for policy='recompute'" in str(e) else f"refused: {e}"
