@@ -10,6 +10,7 @@ Nothing here comes from posenc.
 
 from __future__ import annotations
 
+import copy
 import warnings
 
 import torch
@@ -27,6 +28,15 @@ PARTS = dict(moe_intermediate_size=32, shared_expert_intermediate_size=32, num_e
              linear_value_head_dim=16, intermediate_size_mlp=96, sliding_window=8, attention_chunk_size=8,
              num_kv_shared_layers=0, hidden_size_per_layer_input=8, vocab_size_per_layer_input=VOCAB,
              laurel_rank=8, altup_num_inputs=2, rope_scaling=None)
+# hybrid families whose layer pattern is not `layer_types` (or whose default has no attention layer in the first
+# two): one recurrent / linear layer and one attention layer
+HYBRID = {"bamba": dict(attn_layer_indices=[1]), "recurrent_gemma": dict(block_types=["recurrent", "attention"]),
+          "granitemoehybrid": dict(layer_types=["linear_attention", "full_attention"]),
+          "lfm2_moe": dict(layer_types=["conv", "full_attention"], num_dense_layers=1)}
+# a composite config's other parts (vision, audio...): only their size, their inputs are never given
+SMALL_PART = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_layers=1, depth=1,
+                  num_attention_heads=2, num_heads=2, num_key_value_heads=2, embed_dim=32, out_hidden_size=64,
+                  projection_dim=32, vision_output_dim=32, num_global_layers=1, hidden_sizes=[32], depths=[1])
 
 
 def causal_lm_types() -> list[str]:
@@ -52,22 +62,82 @@ def _build(model_type: str, kw: dict):
             return AutoConfig.for_model(model_type, **kw)
         except AttributeError as e:
             name = str(e).split("'")[1] if "property" in str(e) else None
-            if name not in kw:
+            aliases = [k for k, v in getattr(_class(model_type), "attribute_map", {}).items() if v == name]
+            name = next((k for k in [name, *aliases] if k in kw), None)
+            if name is None:
                 raise
             kw.pop(name)
     raise AssertionError(f"{model_type}: read-only properties left after 8 tries: {sorted(kw)}")
 
 
+def _class(model_type: str):
+    from transformers import CONFIG_MAPPING
+
+    return CONFIG_MAPPING[model_type]
+
+
 def zoo_config(model_type: str, rope: dict | None = None):
-    """The model type's config class at the tiny sizes (keys it does not have are left out); `rope` is given to the
-    config class as a user would give it (see `_with_rule`), so the class validates it. Raises `NotApplicable`
-    when the family has no such option."""
+    """The model type's config class at the tiny sizes (keys it does not have are left out; a composite config's
+    text_config at the text sizes, its vision / audio parts at `SMALL_PART`); `rope` is given to the config class as
+    a user would give it (see `_with_rule`), so the class validates it. Raises `NotApplicable` when the family has
+    no such option."""
     from transformers import AutoConfig
 
     base = AutoConfig.for_model(model_type)
-    keys = set(base.to_dict()) | set(getattr(base, "attribute_map", {}))
+    kw = _tiny_kw(base)
+    config = _build(model_type, copy.deepcopy(kw))
+    text = config.get_text_config()
+    text_kw = kw.get("text_config", kw) if text is not config else kw
+    _fit_mrope(getattr(text, "rope_parameters", None), text_kw.get("head_dim", 16), _reads_mrope(text))
+    if rope is None:
+        return config
+    text_kw["rope_parameters"] = _with_rule(text, rope, text_kw.get("head_dim", 16))
+    if "original_max_position_embeddings" in text.to_dict() and "original_max_position_embeddings" in rope:
+        text_kw["original_max_position_embeddings"] = rope["original_max_position_embeddings"]  # Phi-3 reads it
+    try:
+        return _build(model_type, kw)
+    except Exception as e:  # noqa: BLE001 (the config class refuses the rule: the family has no such option)
+        why = " ".join(line.strip() for line in str(e).splitlines() if line.strip())
+        raise NotApplicable(f"{type(config).__name__} refuses it: {why[-160:]}") from e
+
+
+def _reads_mrope(config) -> bool:
+    """Whether the config's modeling file reads an M-RoPE section."""
+    import importlib
+    import inspect
+
+    try:
+        module = importlib.import_module(type(config).__module__.replace(".configuration_", ".modeling_"))
+    except ImportError:
+        return False
+    return "mrope_section" in inspect.getsource(module)
+
+
+def _tiny_kw(base) -> dict:
+    """Constructor keywords of `base`'s class at the tiny sizes: its text part at `SIZES` / `PARTS`, the other
+    sub-configs (vision, audio, Dbrx's attention / mixture parts) at `SMALL_PART`."""
+    subs = {name: getattr(base, name, None) for name in getattr(base, "sub_configs", {})}
+    if "text_config" in subs:  # a composite: the text model is its own config
+        kw = {k: v for k, v in SIZES.items() if k in _keys(base) and k != "vocab_size"}
+        kw["text_config"] = {"model_type": subs.pop("text_config").model_type, **_text_kw(base.text_config)}
+    else:
+        kw = _text_kw(base)
+    for name, sub in subs.items():
+        if sub is not None and hasattr(sub, "to_dict"):
+            keys = _keys(sub)
+            kw[name] = {"model_type": sub.model_type, **{k: v for k, v in SMALL_PART.items() if k in keys}}
+    return kw
+
+
+def _keys(config) -> set[str]:
+    return set(config.to_dict()) | set(getattr(config, "attribute_map", {}))
+
+
+def _text_kw(base) -> dict:
+    """`SIZES` and the `PARTS` the text config has, with its layer types cut to two of them."""
+    keys = _keys(base)
     kw = {k: v for k, v in {**SIZES, **PARTS}.items() if k in keys or k in SIZES}
-    if "layer_types" in keys and base.layer_types is not None:
+    if "layer_types" in keys and getattr(base, "layer_types", None) is not None:
         kw["layer_types"] = list(base.layer_types[:1]) + [t for t in base.layer_types if t != base.layer_types[0]][:1]
         kw["layer_types"] = (kw["layer_types"] * 2)[:2]
     for key in ("mlp_only_layers", "no_rope_layers"):
@@ -78,18 +148,19 @@ def zoo_config(model_type: str, rope: dict | None = None):
         kw["num_key_value_heads"] = kw["num_attention_heads"]
     if "rotary_dim" in keys:  # GPT-J / CodeGen: rotary channels of a head
         kw["rotary_dim"] = 8
-    config = _build(model_type, dict(kw))
-    _fit_mrope(getattr(config, "rope_parameters", None), kw.get("head_dim", 16))
-    if rope is None:
-        return config
-    kw["rope_parameters"] = _with_rule(config, rope, kw.get("head_dim", 16))
-    if "original_max_position_embeddings" in keys and "original_max_position_embeddings" in rope:
-        kw["original_max_position_embeddings"] = rope["original_max_position_embeddings"]  # Phi-3 reads this one
-    try:
-        return _build(model_type, kw)
-    except Exception as e:  # noqa: BLE001 (the config class refuses the rule: the family has no such option)
-        why = " ".join(line.strip() for line in str(e).splitlines() if line.strip())
-        raise NotApplicable(f"{type(config).__name__} refuses it: {why[:160]}") from e
+    kw.update(HYBRID.get(base.model_type, {}))
+    if "head_dim" in kw:  # the family's partial rotary factor must give an even width (MiMo-V2-Flash: 0.334)
+        kw["head_dim"] = next(h for h in (16, 24, 32, 48, 64) if all(int(h * f) % 2 == 0 and int(h * f) > 0
+                                                                      for f in _factors(base)))
+    return kw
+
+
+def _factors(config) -> set[float]:
+    """The partial rotary factors of a config's rope dicts."""
+    params = getattr(config, "rope_parameters", None) or {}
+    dicts = [v for v in params.values() if isinstance(v, dict)] if all(
+        isinstance(v, dict) or v is None for v in params.values()) else [params]
+    return {d.get("partial_rotary_factor") or 1.0 for d in dicts if d}
 
 
 def _with_rule(config, rope: dict, head_dim: int) -> dict:
@@ -98,8 +169,6 @@ def _with_rule(config, rope: dict, head_dim: int) -> dict:
     full layers apply no RoPE). A "proportional" dict (Gemma 4, LFM3: a whole-head table, zero frequencies past
     partial_rotary_factor) takes only its own linear factor; another rule there is not applicable (transformers
     would apply a rotary_dim-wide table to the whole head)."""
-    import copy
-
     params = copy.deepcopy(getattr(config, "rope_parameters", None) or {})
     per_layer = bool(params) and all(isinstance(v, dict) or v is None for v in params.values())
     entries = params if per_layer else {None: params}
@@ -134,11 +203,12 @@ def _sized(rope: dict, params: dict, head_dim: int) -> dict:
             "long_factor": [2.0 + 0.5 * i for i in range(half)]}
 
 
-def _fit_mrope(params, head_dim: int) -> None:
-    """M-RoPE sections scaled to the tiny head (they must sum to rotary_dim / 2)."""
+def _fit_mrope(params, head_dim: int, mrope: bool) -> None:
+    """M-RoPE sections scaled to the tiny head (they must sum to rotary_dim / 2); `mrope`: the modeling code reads
+    one, with its own default for a full-size head when the config has none (Qwen3.5: [11, 11, 10])."""
     for d in (params.values() if isinstance(params, dict) and all(isinstance(v, dict) for v in params.values())
               else [params]):
-        if isinstance(d, dict) and d.get("mrope_section"):
+        if isinstance(d, dict) and (d.get("mrope_section") or mrope):
             half = int(head_dim * d.get("partial_rotary_factor", 1.0)) // 2
             d["mrope_section"] = [half - 2 * (half // 3), half // 3, half // 3]
 
@@ -151,8 +221,10 @@ def zoo_model(model_type: str, rope: dict | None = None, dtype=torch.float32, se
 
     logging.set_verbosity_error()
     config = zoo_config(model_type, rope)
-    if max_positions is not None:  # dynamic NTK's L0
-        config.max_position_embeddings = max_positions
+    if max_positions is not None:  # dynamic NTK's L0 (a composite's text model reads its own)
+        for part in {id(c): c for c in (config, config.get_text_config())}.values():
+            if "max_position_embeddings" in part.to_dict():
+                part.max_position_embeddings = max_positions
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         try:
@@ -259,12 +331,16 @@ def conformance(model_type: str) -> dict[str, str]:
     except Exception as e:  # noqa: BLE001 (a crash under the patch is a result)
         out["crash"] = f"{type(e).__name__}: {str(e)[:200]}"
         return out
-    out.update(_rule_checks(model_type, ids, mask))
+    with torch.no_grad():  # the unpatched model without the rule, past L0 too: a rule that changes neither is flagged
+        plain = (stock["logits"], model(_ids(2, 24, seed=2)).logits)
+    out.update(_rule_checks(model_type, ids, mask, plain))
     return out
 
 
-def _rule_checks(model_type: str, ids: torch.Tensor, mask: torch.Tensor) -> dict[str, str]:
-    """The rule checks of `conformance` (a fresh model per rule; the unpatched one is the reference)."""
+def _rule_checks(model_type: str, ids: torch.Tensor, mask: torch.Tensor, plain: tuple) -> dict[str, str]:
+    """The rule checks of `conformance` (a fresh model per rule; the unpatched one is the reference). `plain`: the
+    unpatched model's logits without the rule on `ids` and on 24 tokens; a rule whose unpatched logits equal them
+    on both did not reach the model, and its check could not fail: reported so."""
     import posenc
     from posenc.integrations.transformers import patch
 
@@ -284,20 +360,23 @@ def _rule_checks(model_type: str, ids: torch.Tensor, mask: torch.Tensor) -> dict
         except Exception as e:  # noqa: BLE001 (transformers cannot build it with this rule)
             out[name] = f"n/a (transformers: {type(e).__name__}: {str(e)[:120]})"
             continue
-        long_ids = _ids(2, 24, seed=2)  # past LongRoPE's L0 (16)
+        long_ids = _ids(2, 24, seed=2)  # past L0 (16)
         try:
+            full = fresh_full(model) if lengthwise else None  # before any forward: dynamic rotaries keep state
             with torch.no_grad():
-                reference = model(ids, attention_mask=mask).logits
-                reference_long = model(long_ids).logits if name == "longrope" else None
+                reference = copy.deepcopy(model)(ids, attention_mask=mask).logits
+                reference_long = copy.deepcopy(model)(long_ids).logits
         except Exception as e:  # noqa: BLE001 (stock fails: nothing to compare with)
             out[name] = f"n/a (transformers: {type(e).__name__}: {str(e)[:120]})"
             continue
+        if torch.equal(reference, plain[0]) and torch.equal(reference_long, plain[1]):
+            out[name] = "no effect: the unpatched model's logits are those without the rule"
+            continue
         try:
             with torch.no_grad():
-                full = fresh_full(model) if lengthwise else None
                 patch(model)
                 same = torch.equal(model(ids, attention_mask=mask).logits, reference)
-                if reference_long is not None:
+                if name == "longrope":
                     same = same and torch.equal(model(long_ids).logits, reference_long)
                 if full is None or not same:
                     out[name] = "ok" if same else "differs"
