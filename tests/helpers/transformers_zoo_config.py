@@ -96,8 +96,8 @@ def zoo_config(model_type: str, rope: dict | None = None):
     try:
         return _build(model_type, kw)
     except Exception as e:  # noqa: BLE001 (the config class refuses the rule: the family has no such option)
-        why = " ".join(line.strip() for line in str(e).splitlines() if line.strip())
-        raise NotApplicable(f"{type(config).__name__} refuses it: {why[-160:]}") from e
+        why = [line.strip() for line in str(e).splitlines() if line.strip()] or [type(e).__name__]
+        raise NotApplicable(f"{type(config).__name__} refuses it: {why[-1][:160]}") from e  # (the cause, last)
 
 
 def _reads_mrope(config) -> bool:
