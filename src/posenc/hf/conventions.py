@@ -163,6 +163,9 @@ MODEL_TYPES: dict[str, Convention] = {
                      "qwen3_omni_moe_text", "qwen3_omni_moe_thinker"),
                     Convention(partial=1.0, mrope=True, aliases=_MROPE_ALIAS, mrope_default=(24, 20, 20), mrope_interleaved=True,
                                reads_class=True)),
+    # Cohere Compass: the same interleaved recomposition, per layer type; its default rope rotates the whole head
+    **dict.fromkeys(("cohere_compass", "cohere_compass_text"),
+                    Convention(mrope=True, mrope_default=(24, 20, 20), mrope_interleaved=True, reads_class=True)),
     **dict.fromkeys(("cosmos3_edge", "cosmos3_edge_text"),  # (its config class refuses the 4.x "mrope" name)
                     Convention(partial=1.0, mrope=True, mrope_default=(24, 20, 20), mrope_interleaved=True,
                                reads_class=True)),
