@@ -27,13 +27,16 @@ PARTS = dict(moe_intermediate_size=32, shared_expert_intermediate_size=32, num_e
 # per family: hybrids whose layer pattern is not `layer_types` (or whose default has no attention layer in the first
 # two) get one recurrent / linear layer and one attention layer (GraniteMoeHybrid: its RoPE variant); ZAYA's class
 # accepts only one expert per token; sizes the other keys do not set (Moshi's ffn_dim, Inkling's unpadded vocabulary,
-# DeepSeek-V4's head and output rank); Cohere Compass's class has no rope dicts by default, its rotary reads one per
+# DeepSeek-V4's head and output rank, Qwen4-exp's indexer, None by default); Cohere Compass's class has no rope dicts by default, its rotary reads one per
 # layer type
 FAMILY = {"bamba": dict(attn_layer_indices=[1]), "recurrent_gemma": dict(block_types=["recurrent", "attention"]),
           "granitemoehybrid": dict(layer_types=["linear_attention", "full_attention"], position_embedding_type="rope"),
           "lfm2_moe": dict(layer_types=["conv", "full_attention"], num_dense_layers=1),
           "zaya": dict(num_experts_per_tok=1), "moshi": dict(ffn_dim=96, audio_vocab_size=64),
           "inkling2_text": dict(unpadded_vocab_size=VOCAB), "deepseek_v4": dict(head_dim=16, o_lora_rank=16),
+          **dict.fromkeys(("qwen4_exp", "qwen4_exp_text"), dict(indexer_n_heads=2, indexer_kv_heads=1,
+                                                               indexer_head_dim=16, indexer_budget=8,
+                                                               indexer_compress_ratio=2)),
           "cohere_compass_text": dict(rope_parameters={t: {"rope_type": "default", "rope_theta": 10000.0}
                                                        for t in ("full_attention", "sliding_attention")})}
 # config classes whose __post_init__ derives values from fields that their aliases (attribute_map) would set only
