@@ -37,6 +37,7 @@ FAMILY = {"bamba": dict(attn_layer_indices=[1]), "recurrent_gemma": dict(block_t
           **dict.fromkeys(("qwen4_exp", "qwen4_exp_text"), dict(indexer_n_heads=2, indexer_kv_heads=1,
                                                                indexer_head_dim=16, indexer_budget=8,
                                                                indexer_compress_ratio=2)),
+          "longcat_flash": dict(head_dim=PARTS["qk_rope_head_dim"]),  # its rotary's width (as in its checkpoints)
           "cohere_compass_text": dict(rope_parameters={t: {"rope_type": "default", "rope_theta": 10000.0}
                                                        for t in ("full_attention", "sliding_attention")})}
 # config classes whose __post_init__ derives values from fields that their aliases (attribute_map) would set only
@@ -159,8 +160,9 @@ def _text_kw(base) -> dict:
         aliases = getattr(base, "attribute_map", {})
         kw = {aliases.get(k, k): v for k, v in kw.items()}
     if "head_dim" in kw:  # the family's partial rotary factor must give an even width (MiMo-V2-Flash: 0.334)
-        kw["head_dim"] = next(h for h in (16, 24, 32, 48, 64) if all(int(h * f) % 2 == 0 and int(h * f) > 0
-                                                                      for f in _factors(base)))
+        factors = _factors(base)
+        kw["head_dim"] = next(h for h in (kw["head_dim"], 16, 24, 32, 48, 64)
+                              if all(int(h * f) % 2 == 0 and int(h * f) > 0 for f in factors))
     return kw
 
 
