@@ -1,32 +1,23 @@
 """Test helper: a tiny random model of every causal-LM model type of the installed transformers that posenc's
 enumeration reads (a modeling file with a rotary class, tests/helpers/hf_enumeration.py), built from its config
-class: hidden 64, 2 layers, 4 heads (2 KV heads), head_dim 16, float32, seeded.
+class at the tiny sizes (hidden 64, 2 layers, 4 heads, 2 KV heads), float32, seeded.
 
-`zoo_types()` lists `(model_type, reason or None)`: None when a tiny model builds and runs a forward, else why not
-(transformers itself cannot build or run it from these sizes). `zoo_model(model_type, rope=None)` builds one; `rope`
-replaces the rope rule (`rope_parameters`, the layer-type dicts of per-layer models get it on their full layers).
-Nothing here comes from posenc.
+`zoo_model(model_type, rope=None)` builds one (its config: tests/helpers/transformers_zoo_config.py `zoo_config`;
+`rope` is the rope rule, given to the config class as a user would); `conformance(model_type)` checks `patch` on it
+against the unpatched model. Nothing here comes from posenc but `patch` / `unpatch` under test.
 """
 
 from __future__ import annotations
 
+import copy
 import warnings
 
 import torch
 
-VOCAB = 128
+from tests.helpers.transformers_zoo_config import VOCAB, NotApplicable, zoo_config
+
+__all__ = ["causal_lm_types", "zoo_model", "zoo_config", "conformance", "NotApplicable", "CHECKS", "RULES"]
 MAX_PARAMETERS = 4_000_000
-SIZES = dict(vocab_size=VOCAB, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-             head_dim=16, intermediate_size=96, max_position_embeddings=256, pad_token_id=0, bos_token_id=1,
-             eos_token_id=2)
-# sizes of mixtures, MLA, linear attention and other parts, small enough for a CPU test (when the config has them)
-PARTS = dict(moe_intermediate_size=32, shared_expert_intermediate_size=32, num_experts=4, num_local_experts=4,
-             n_routed_experts=4, n_shared_experts=1, num_experts_per_tok=2, n_group=1, topk_group=1,
-             first_k_dense_replace=1, kv_lora_rank=16, q_lora_rank=32, qk_rope_head_dim=8, qk_nope_head_dim=8,
-             v_head_dim=16, linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16,
-             linear_value_head_dim=16, intermediate_size_mlp=96, sliding_window=8, attention_chunk_size=8,
-             num_kv_shared_layers=0, hidden_size_per_layer_input=8, vocab_size_per_layer_input=VOCAB,
-             laurel_rank=8, altup_num_inputs=2, rope_scaling=None)
 
 
 def causal_lm_types() -> list[str]:
@@ -38,59 +29,6 @@ def causal_lm_types() -> list[str]:
     return sorted(t for t, _ in rotary_model_types() if t in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES)
 
 
-def zoo_config(model_type: str, rope: dict | None = None):
-    """The model type's config class at the tiny sizes (keys it does not have are left out)."""
-    from transformers import AutoConfig
-
-    base = AutoConfig.for_model(model_type)
-    keys = set(base.to_dict()) | set(getattr(base, "attribute_map", {}))
-    kw = {k: v for k, v in {**SIZES, **PARTS}.items() if k in keys or k in SIZES}
-    if "layer_types" in keys and base.layer_types is not None:
-        kw["layer_types"] = list(base.layer_types[:1]) + [t for t in base.layer_types if t != base.layer_types[0]][:1]
-        kw["layer_types"] = (kw["layer_types"] * 2)[:2]
-    for key in ("mlp_only_layers", "no_rope_layers"):
-        if key in keys and isinstance(getattr(base, key, None), list):
-            kw[key] = [] if key == "mlp_only_layers" else [1, 0]
-    if "qk_rope_head_dim" in keys:  # MLA: head_dim is the rope part's (the config class derives it), no GQA
-        kw.pop("head_dim")
-        kw["num_key_value_heads"] = kw["num_attention_heads"]
-    if "rotary_dim" in keys:  # GPT-J / CodeGen: rotary channels of a head
-        kw["rotary_dim"] = 8
-    for _ in range(8):  # keys a config class exposes as read-only properties are left to it
-        try:
-            config = AutoConfig.for_model(model_type, **kw)
-            break
-        except AttributeError as e:
-            name = str(e).split("'")[1] if "property" in str(e) else None
-            if name not in kw:
-                raise
-            kw.pop(name)
-    _fit_mrope(getattr(config, "rope_parameters", None), kw.get("head_dim", 16))
-    if rope is not None:
-        params = getattr(config, "rope_parameters", None)
-        if isinstance(params, dict) and params and all(isinstance(v, dict) for v in params.values()):
-            key = "full_attention" if "full_attention" in params else next(iter(params))
-            params[key] = {**_kept(params[key]), **rope}
-        else:
-            config.rope_parameters = {**_kept(params or {}), **rope}
-    return config
-
-
-def _kept(params: dict) -> dict:
-    """What a replaced rule keeps of the model's rope dict: theta and the rotated channels."""
-    return {k: v for k, v in params.items() if k in ("rope_theta", "partial_rotary_factor", "mrope_section",
-                                                      "mrope_interleaved")}
-
-
-def _fit_mrope(params, head_dim: int) -> None:
-    """M-RoPE sections scaled to the tiny head (they must sum to rotary_dim / 2)."""
-    for d in (params.values() if isinstance(params, dict) and all(isinstance(v, dict) for v in params.values())
-              else [params]):
-        if isinstance(d, dict) and d.get("mrope_section"):
-            half = int(head_dim * d.get("partial_rotary_factor", 1.0)) // 2
-            d["mrope_section"] = [half - 2 * (half // 3), half // 3, half // 3]
-
-
 def zoo_model(model_type: str, rope: dict | None = None, dtype=torch.float32, seed: int = 0,
               max_positions: int | None = None):
     """A seeded random causal LM of `model_type` in eval mode (weights x4: sharper attention)."""
@@ -99,8 +37,10 @@ def zoo_model(model_type: str, rope: dict | None = None, dtype=torch.float32, se
 
     logging.set_verbosity_error()
     config = zoo_config(model_type, rope)
-    if max_positions is not None:  # dynamic NTK's L0
-        config.max_position_embeddings = max_positions
+    if max_positions is not None:  # dynamic NTK's L0 (a composite's text model reads its own)
+        for part in {id(c): c for c in (config, config.get_text_config())}.values():
+            if "max_position_embeddings" in part.to_dict():
+                part.max_position_embeddings = max_positions
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         try:
@@ -128,8 +68,14 @@ RULES = {"linear": {"rope_type": "linear", "factor": 2.0},
          "llama3": {"rope_type": "llama3", "factor": 4.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                     "original_max_position_embeddings": 16}}
 DYNAMIC = {"rope_type": "dynamic", "factor": 2.0}
-CHECKS = ("logits", "greedy", "left-padded", "beam 2", "static cache", "unpatch", *RULES, "dynamic recompute",
-          "static + recompute")
+# LongRoPE at L0 16 (factors sized to the rotary width by `_sized`), for the families whose config class names
+# it (Phi-3's accepts only default and longrope); Phi-MoE's rotary also reads (and its class requires) the mscales,
+# equal in its checkpoints (posenc refuses unequal ones: tests/hf/test_rope_config_errors.py)
+LONGROPE = {"rope_type": "longrope", "original_max_position_embeddings": 16}
+LONGROPE_TYPES = {"phi3": LONGROPE, "phi4_multimodal": LONGROPE,
+                  "phimoe": {**LONGROPE, "short_mscale": 1.2, "long_mscale": 1.2}}
+CHECKS = ("logits", "greedy", "left-padded", "beam 2", "static cache", "unpatch", *RULES, "longrope",
+          "dynamic recompute", "static + recompute")
 
 
 def _ids(b: int, t: int, seed: int = 1) -> torch.Tensor:
@@ -164,35 +110,19 @@ def _compare(stock, ours) -> str:
     return "ok" if torch.equal(stock, ours) else f"differs ({(stock.float() - ours.float()).abs().max():.2g})"
 
 
-def _static_vs_full(model, ids, mask, new: int) -> float:
-    """Worst |step logits - fresh full forward| of a static-cache `generate()`; the oracle is the model's own
-    forward over the whole sequence so far without a cache, at the positions `generate()` gives it."""
-    run = model.generate(ids, attention_mask=mask, cache_implementation="static", max_new_tokens=new,
-                         do_sample=False, pad_token_id=0, output_logits=True, return_dict_in_generate=True)
-    seq, t = run.sequences, ids.shape[1]
-    full = torch.cat((mask, mask.new_ones(mask.shape[0], seq.shape[1] - t)), 1)
-    worst = 0.0
-    for i, logits in enumerate(run.logits):
-        m = full[:, :t + i]
-        positions = (m.long().cumsum(-1) - 1).masked_fill(m == 0, 1)
-        fresh = model(seq[:, :t + i], attention_mask=m, position_ids=positions, use_cache=False).logits[:, -1]
-        worst = max(worst, (fresh - logits).abs().max().item())
-    return worst
-
-
 def conformance(model_type: str) -> dict[str, str]:
     """`{check: "ok" | what went wrong}` of `patch` on a tiny model of `model_type` against the unpatched model;
     `{"refused": message}` when patch refuses it, `{"not built": reason}` when transformers cannot build or run it.
 
     Checks: logits torch.equal; greedy, left-padded batch, beam 2 and static-cache `generate()` identical;
-    unpatch restores the logits; linear, YaRN and Llama-3 rules: logits and greedy identical; dynamic NTK
-    (L0 16) under policy "recompute": every cached step within 1e-4 of a fresh full forward, with a dynamic
-    cache and with a static one (`generate(cache_implementation="static")`, left-padded batch).
+    unpatch restores the logits; linear, YaRN and Llama-3 rules: logits identical; LongRoPE (L0 16, the families
+    whose config class has it): logits identical below and past L0, and under policy "recompute" every cached step
+    across L0 within 1e-4 of a fresh full forward; dynamic NTK (L0 16) under "recompute": the same, with a dynamic
+    cache and with a static one (`generate(cache_implementation="static")`, left-padded batch). A rule the family
+    has no form of is "n/a: why".
     """
     import posenc
     from posenc.integrations.transformers import patch, unpatch
-
-    from tests.helpers.transformers_tiny import cached_vs_full, fresh_full
 
     ids = _ids(2, 10)
     mask = torch.ones_like(ids)
@@ -203,7 +133,8 @@ def conformance(model_type: str) -> dict[str, str]:
         if isinstance(stock["logits"], Exception):
             raise stock["logits"]
     except Exception as e:  # noqa: BLE001 (transformers itself: recorded as the reason)
-        return {"not built": f"{type(e).__name__}: {(str(e).splitlines() or [''])[0][:160]}"}
+        why = " ".join(line.strip() for line in str(e).splitlines() if line.strip())
+        return {"not built": f"{type(e).__name__}: {why[:160]}"}
     try:
         patch(model)
     except posenc.PosencError as e:
@@ -218,26 +149,85 @@ def conformance(model_type: str) -> dict[str, str]:
     except Exception as e:  # noqa: BLE001 (a crash under the patch is a result)
         out["crash"] = f"{type(e).__name__}: {str(e)[:200]}"
         return out
-    for name, rule in {**RULES, "dynamic recompute": DYNAMIC}.items():
+    with torch.no_grad():  # the unpatched model without the rule, past L0 too: a rule that changes neither is flagged
+        plain = (stock["logits"], model(_ids(2, 24, seed=2)).logits)
+    out.update(_rule_checks(model_type, ids, mask, plain))
+    return out
+
+
+def _rule_checks(model_type: str, ids: torch.Tensor, mask: torch.Tensor, plain: tuple) -> dict[str, str]:
+    """The rule checks of `conformance` (a fresh model per rule; the unpatched one is the reference). `plain`: the
+    unpatched model's logits without the rule on `ids` and on 24 tokens; a rule whose unpatched logits equal them
+    on both did not reach the model, and its check could not fail: reported so."""
+    import posenc
+    from posenc.integrations.transformers import patch
+
+    from tests.helpers.transformers_tiny import cached_vs_full, fresh_full
+
+    longrope = {"longrope": LONGROPE_TYPES[model_type]} if model_type in LONGROPE_TYPES else {}
+    out: dict[str, str] = {}
+    for name, rule in {**RULES, **longrope, "dynamic recompute": DYNAMIC}.items():
+        dynamic, lengthwise = name == "dynamic recompute", name in ("dynamic recompute", "longrope")
         try:
-            model = zoo_model(model_type, rope=rule, max_positions=16 if rule is DYNAMIC else None)
+            model = zoo_model(model_type, rope=rule, max_positions=16 if dynamic else None)
+        except NotApplicable as e:
+            out[name] = f"n/a: {e}"
+            if dynamic:
+                out["static + recompute"] = "n/a: no dynamic rule"
+            continue
+        except Exception as e:  # noqa: BLE001 (transformers cannot build it with this rule)
+            out[name] = f"n/a (transformers: {type(e).__name__}: {str(e)[:120]})"
+            continue
+        long_ids = _ids(2, 24, seed=2)  # past L0 (16)
+        try:
+            full = fresh_full(model) if lengthwise else None  # before any forward: dynamic rotaries keep state
             with torch.no_grad():
-                reference = model(ids, attention_mask=mask).logits
-                if rule is DYNAMIC:
-                    full = fresh_full(model)
-                    patch(model)
-                    worst, _ = cached_vs_full(model, full, ids[:1, :10], 10)
-                    out[name] = "ok" if worst < 1e-4 else f"{worst:.2g} from a fresh full forward"
-                    try:
-                        worst = _static_vs_full(model, ids, mask, 10)
-                        out["static + recompute"] = "ok" if worst < 1e-4 else f"{worst:.2g} from a fresh full forward"
-                    except posenc.PosencError as e:
-                        out["static + recompute"] = f"refused: {str(e)[:160]}"
-                    continue
+                reference = copy.deepcopy(model)(ids, attention_mask=mask).logits
+                reference_long = copy.deepcopy(model)(long_ids).logits
+        except Exception as e:  # noqa: BLE001 (stock fails: nothing to compare with)
+            out[name] = f"n/a (transformers: {type(e).__name__}: {str(e)[:120]})"
+            continue
+        if torch.equal(reference, plain[0]) and torch.equal(reference_long, plain[1]):
+            out[name] = "no effect: the unpatched model's logits are those without the rule"
+            continue
+        try:
+            with torch.no_grad():
                 patch(model)
-                out[name] = "ok" if torch.equal(model(ids, attention_mask=mask).logits, reference) else "differs"
+                same = torch.equal(model(ids, attention_mask=mask).logits, reference)
+                if name == "longrope":
+                    same = same and torch.equal(model(long_ids).logits, reference_long)
+                if full is None or not same:
+                    out[name] = "ok" if same else "differs"
+                    continue
+                worst, _ = cached_vs_full(model, full, ids[:1, :10], 10)  # crosses L0 = 16
+                out[name] = "ok" if worst < 1e-4 else f"{worst:.2g} from a fresh full forward"
+                if dynamic:
+                    out["static + recompute"] = _static_recompute(model, ids, mask)
         except posenc.PosencError as e:
             out[name] = f"refused: {str(e)[:160]}"
         except Exception as e:  # noqa: BLE001
             out[name] = f"{type(e).__name__}: {str(e)[:160]}"
     return out
+
+
+def _static_recompute(model, ids: torch.Tensor, mask: torch.Tensor, new: int = 10) -> str:
+    """A static cache under "recompute" across the rule's switch: every `generate(cache_implementation="static")`
+    step within 1e-4 of the model's own forward over the whole sequence so far without a cache, at the
+    positions `generate()` gives it (left-padded batch)."""
+    import posenc
+
+    try:
+        run = model.generate(ids, attention_mask=mask, cache_implementation="static", max_new_tokens=new,
+                             do_sample=False, pad_token_id=0, output_logits=True, return_dict_in_generate=True)
+    except posenc.PosencError as e:
+        return f"refused: {str(e)[:160]}"
+    seq, t = run.sequences, ids.shape[1]
+    full = torch.cat((mask, mask.new_ones(mask.shape[0], seq.shape[1] - t)), 1)
+    worst = 0.0
+    with torch.no_grad():
+        for i, logits in enumerate(run.logits):
+            m = full[:, :t + i]
+            positions = (m.long().cumsum(-1) - 1).masked_fill(m == 0, 1)
+            fresh = model(seq[:, :t + i], attention_mask=m, position_ids=positions, use_cache=False).logits[:, -1]
+            worst = max(worst, (fresh - logits).abs().max().item())
+    return "ok" if worst < 1e-4 else f"{worst:.2g} from a fresh full forward"

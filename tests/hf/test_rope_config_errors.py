@@ -143,3 +143,39 @@ def test_valid_neighbours_of_the_bad_cases_build():
     assert posenc.Rope.from_hf_config(same).base == 10000.0
     assert posenc.Rope.from_hf_config(cfg(model_type="cohere2", num_hidden_layers=4), layer_type="sliding_attention")
     assert re.search("ALiBi", str(pytest.raises(PosencError, posenc.Rope.from_hf_config, cfg(model_type="bloom")).value))
+
+
+def test_a_rule_keeps_the_step_length_of_ministral3_temperature():
+    """Ministral 3's attention reads original_max_position_embeddings next to llama_4_scaling_beta whatever the
+    rule (its query temperature's step length), so a linear or dynamic dict carries it; without the beta the key
+    is still not the rule's."""
+    temperature = {"llama_4_scaling_beta": 0.1, "original_max_position_embeddings": 16384}
+    for rule in ({"rope_type": "linear", "factor": 2.0}, {"rope_type": "dynamic", "factor": 2.0}):
+        rope = posenc.Rope.from_hf_config(cfg(model_type="ministral3", rope_parameters={**rule, **temperature}))
+        assert (rope.scaling.name, rope.scaling.factor) == (rule["rope_type"], 2.0)
+        with pytest.raises(PosencError, match=r"\['original_max_position_embeddings'\]: expected no such key for "
+                                              rf"rope_type '{rule['rope_type']}'"):
+            posenc.Rope.from_hf_config(cfg(model_type="ministral3", rope_parameters={
+                **rule, "original_max_position_embeddings": 16384}))
+
+
+def phimoe(**params):
+    return cfg(model_type="phimoe", rope_parameters={**LONG, "short_factor": [1.5] * 8, "original_max_position_embeddings": 512,
+                                                     **params})
+
+
+def test_phimoe_longrope_keeps_the_short_factors_times_its_mscale():
+    """PhimoeRotaryEmbedding builds its table without a length (the short factors at every length) and multiplies
+    cos/sin by short_mscale / long_mscale; posenc reads equal mscales, refuses unequal ones and other rules."""
+    rope = posenc.Rope.from_hf_config(phimoe(short_mscale=1.2, long_mscale=1.2))
+    assert rope.scaling.long_factor == rope.scaling.short_factor == (1.5,) * 8
+    assert rope.scaling.attention_factor == 1.2
+    with pytest.raises(PosencError, match=r"\['long_mscale'\]: expected short_mscale = 1.1 .*got 1.3"):
+        posenc.Rope.from_hf_config(phimoe(short_mscale=1.1, long_mscale=1.3))
+    with pytest.raises(PosencError, match=r"\['short_mscale'\]: expected .*got nothing"):
+        posenc.Rope.from_hf_config(phimoe(long_mscale=1.3))
+    with pytest.raises(PosencError, match=r"\['rope_type'\]: expected 'default' or 'longrope' for phimoe"):
+        posenc.Rope.from_hf_config(cfg(model_type="phimoe", rope_parameters={
+            "rope_type": "linear", "factor": 2.0, "short_mscale": 1.0, "long_mscale": 1.0}))
+    with pytest.raises(PosencError, match=r"\['short_mscale'\]: expected one of the keys"):  # not another family's key
+        posenc.Rope.from_hf_config(phi3(short_mscale=1.2, long_mscale=1.2))

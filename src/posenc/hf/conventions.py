@@ -62,6 +62,8 @@ class Convention:
     indexer: str | None = None  # DSA lightning indexer: the pairing it rotates the leading qk_rope_head_dim channels
     # of its index_head_dim heads with (the model's table); None: no indexer (posenc.hf.branch_ropes)
     refused: str | None = None  # what posenc does not model about this family's rotation (it refuses the type)
+    mscales: bool = False  # Phi-MoE: a non-default rule's cos/sin are multiplied by short_mscale (up to L0) or
+    # long_mscale in place of its attention factor, and its LongRoPE table keeps the short factors at every length
     reads_class: bool = False  # a dict's other facts (defaults, aliases) come from its config class when
     # transformers is importable (posenc.hf.classes); False: this row states every default itself
 
@@ -132,6 +134,7 @@ MODEL_TYPES: dict[str, Convention] = {
     **dict.fromkeys(("mistral_large4", "mistral_large4_text"), Convention(
         **_MLA_ALWAYS_INTERLEAVED, indexer="interleaved_to_split_half", nope="no_rope_layers")),
     "bailing_hybrid": Convention(**_MLA_ALWAYS_INTERLEAVED),
+    "phimoe": Convention(partial=1.0, reads_class=True, mscales=True),
     **dict.fromkeys(("hunyuan_v1_dense", "hunyuan_v1_moe"), Convention(partial=1.0, reads_class=True, ntk_alpha=True)),
     # DeepSeek-V4: interleaved pairs on the trailing rope slice of each head ([nope | rope]); two tables by branch
     "deepseek_v4": Convention(pairing="interleaved", partial=1.0, rope_width=("qk_rope_head_dim", 64), reads_class=True,
@@ -160,6 +163,9 @@ MODEL_TYPES: dict[str, Convention] = {
                      "qwen3_omni_moe_text", "qwen3_omni_moe_thinker"),
                     Convention(partial=1.0, mrope=True, aliases=_MROPE_ALIAS, mrope_default=(24, 20, 20), mrope_interleaved=True,
                                reads_class=True)),
+    # Cohere Compass: the same interleaved recomposition, per layer type; its default rope rotates the whole head
+    **dict.fromkeys(("cohere_compass", "cohere_compass_text"),
+                    Convention(mrope=True, mrope_default=(24, 20, 20), mrope_interleaved=True, reads_class=True)),
     **dict.fromkeys(("cosmos3_edge", "cosmos3_edge_text"),  # (its config class refuses the 4.x "mrope" name)
                     Convention(partial=1.0, mrope=True, mrope_default=(24, 20, 20), mrope_interleaved=True,
                                reads_class=True)),

@@ -66,6 +66,8 @@ def rope_type_of(params: Mapping[str, Any], where: str, conv: Convention) -> str
 
 def _check_keys(params: Mapping[str, Any], rope_type: str, where: str) -> None:
     allowed = _COMMON | _KEYS[rope_type]
+    if params.get("llama_4_scaling_beta") is not None:  # Ministral 3's attention reads the temperature's step
+        allowed = allowed | {"original_max_position_embeddings"}  # length there, whatever the rule (temperature.py)
     for key, value in params.items():
         if key in allowed or value is None:
             continue
@@ -134,6 +136,10 @@ def _scaling(rope_type: str, p: Mapping[str, Any], cfg: Mapping[str, Any], conv:
     if rope_type == "proportional":  # transformers reads both with .get: 1.0 when absent
         with prefix(where):
             return Proportional(fraction=p.get("partial_rotary_factor", 1.0), factor=p.get("factor", 1.0))
+    if conv.mscales and rope_type != "longrope":
+        fail(f"{where}['rope_type']", f"'default' or 'longrope' for {cfg.get('model_type')} (its rotary multiplies "
+             "cos/sin by short_mscale / long_mscale in place of the rule's attention factor; posenc models that for "
+             "LongRoPE only)", rope_type)
     if rope_type in ("dynamic", "yarn", "longrope"):  # top-level keys first, outside the dict's path
         max_pos = config_int(cfg, "max_position_embeddings", "n_positions")
     if rope_type in ("yarn", "longrope", "llama3"):
@@ -153,11 +159,25 @@ def _scaling(rope_type: str, p: Mapping[str, Any], cfg: Mapping[str, Any], conv:
                            beta_slow=p.get("beta_slow") or 1.0, mscale=p.get("mscale"),
                            mscale_all_dim=p.get("mscale_all_dim"), attention_factor=p.get("attention_factor"),
                            truncate=p.get("truncate", True))
+        if conv.mscales:
+            return _mscaled_longrope(p, l0)
         attention = p.get("attention_factor")  # longrope
         if attention is None:
             attention = sc.LongRoPE.default_attention_factor(factor, l0)
         return sc.LongRoPE(short_factor=p["short_factor"], long_factor=p["long_factor"], original_max_positions=l0,
                            attention_factor=attention)
+
+
+def _mscaled_longrope(p: Mapping[str, Any], l0: int) -> sc.LongRoPE:
+    """Phi-MoE's LongRoPE (PhimoeRotaryEmbedding, transformers 5.x): its table is built without a length, so the
+    short factors at every length, times short_mscale up to L0 and long_mscale beyond (by each call's largest
+    position). posenc's LongRoPE has one attention factor: the two mscales must be equal (as Phi-3.5-MoE's are)."""
+    short, long = (real(key, p.get(key, MISSING), gt=0.0) for key in ("short_mscale", "long_mscale"))
+    if short != long:
+        fail("long_mscale", f"short_mscale = {short} (the model switches the cos/sin multiplier at L0 = {l0} call by "
+             "call; posenc's LongRoPE has one attention factor)", long)
+    return sc.LongRoPE(short_factor=p["short_factor"], long_factor=p["short_factor"], original_max_positions=l0,
+                       attention_factor=short)
 
 
 def _hw_alternating(section: Any, where: str) -> list[int]:
@@ -187,7 +207,8 @@ def build_rope(cfg: dict[str, Any], conv: Convention, params: Mapping[str, Any],
     rope_type = rope_type_of(params, where, conv)
     ntk_alpha = conv.ntk_alpha and rope_type == "dynamic" and params.get("alpha") not in (None, 0)
     if not ntk_alpha:
-        _check_keys(params, rope_type, where)
+        mscales = ("short_mscale", "long_mscale") if conv.mscales and rope_type != "default" else ()
+        _check_keys({k: v for k, v in params.items() if k not in mscales}, rope_type, where)
     if conv.fixed_table:  # GPT-J's table is hard-wired: base 10000, unscaled (rope_types refuses any scaling)
         theta = params.get("rope_theta", cfg.get(conv.theta_key))
         if theta not in (None, conv.default_theta):
