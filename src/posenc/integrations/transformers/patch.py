@@ -145,13 +145,13 @@ def _survey(model: Any, options: Options) -> list[tuple[Any, str, Any]]:
     if not isinstance(model, nn.Module) or model_type is None:
         fail("model", "a transformers model (an nn.Module with a config)", type(model))
     what = f"model type {model_type!r}"
-    decoders = [m for m in model.modules() if isinstance(getattr(m, "rotary_emb", None), nn.Module)
-                and _blocks(m) is not None]
+    decoders = [m for m in model.modules() if _rotary_of(m) is not None and _blocks(m) is not None]
     if len(decoders) != 1:
         for m in model.modules():  # a rotation of another signature says what it is
             if ROTATION in innermost(type(m).forward).__code__.co_names:
                 _form(type(m).forward, what)
-        fail("model", "one decoder module holding `rotary_emb` and its layers (`layers`, Falcon's `h`)",
+        fail("model", "one decoder module holding a rotary module (`rotary_emb`, or a child whose class is a "
+             "*RotaryEmbedding: LFM2-MoE's `pos_emb`) and its layers (`layers`, Falcon's `h`)",
              Raw(f"{what} with {len(decoders)} such modules"))
     decoder = decoders[0]
     try:
@@ -183,11 +183,11 @@ def _survey(model: Any, options: Options) -> list[tuple[Any, str, Any]]:
                              COMPLEX_LAYOUTS.get(model_type))
         forward = _with_rotation(type(attn).forward, rotation, what, name)
         changes.append((attn, "forward", types.MethodType(forward, attn)))
-    if "forward" in decoder.rotary_emb.__dict__ or "forward" in decoder.__dict__:
+    if "forward" in _rotary_of(decoder).__dict__ or "forward" in decoder.__dict__:
         fail("model", "a decoder and rotary module without an instance-level forward", Raw(what))
     table = contextvars.ContextVar("posenc_table_len", default=None)  # this model's, set by its decoder forward
     rotaries = [m for name, m in decoder.named_modules() if type(m).__name__.endswith("RotaryEmbedding")
-                and not name.startswith(("layers.", "h."))] or [decoder.rotary_emb]
+                and not name.startswith(("layers.", "h."))] or [_rotary_of(decoder)]
     if any("forward" in m.__dict__ for m in rotaries):
         fail("model", "rotary modules without an instance-level forward", Raw(what))
     changes += [(m, "forward", rotary_forward(model_type, m, table) or positions_forward(table))
@@ -200,6 +200,18 @@ def _survey(model: Any, options: Options) -> list[tuple[Any, str, Any]]:
         changes.append((decoder, "forward", with_policy(decoder, dependent, options, table)))
     changes += generation_fixes(model, options, what, padding=bool(dependent) and options.policy == "recompute")
     return changes
+
+
+def _rotary_of(module: Any) -> Any:
+    """A decoder's rotary module: its `rotary_emb`, else its one direct child whose class is a `*RotaryEmbedding`
+    (LFM2-MoE names it `pos_emb`), else None."""
+    import torch.nn as nn
+
+    found = getattr(module, "rotary_emb", None)
+    if isinstance(found, nn.Module):
+        return found
+    named = [m for m in module.children() if type(m).__name__.endswith("RotaryEmbedding")]
+    return named[0] if len(named) == 1 else None
 
 
 def _blocks(module: Any) -> Any:
