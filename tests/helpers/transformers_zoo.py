@@ -188,7 +188,15 @@ def _rule_checks(model_type: str, ids: torch.Tensor, mask: torch.Tensor, plain: 
             out[name] = f"n/a (transformers: {type(e).__name__}: {str(e)[:120]})"
             continue
         if torch.equal(reference, plain[0]) and torch.equal(reference_long, plain[1]):
-            out[name] = "no effect: the unpatched model's logits are those without the rule"
+            # the family ignores the rule: the check could not fail; the patched model must ignore it too
+            try:
+                patch(model)
+                with torch.no_grad():
+                    same = torch.equal(model(ids, attention_mask=mask).logits, reference)
+                out[name] = ("n/a: the family ignores the rule (stock logits unchanged; patched the same)" if same
+                             else "differs: the family ignores the rule, the patched model applies it")
+            except posenc.PosencError as e:  # patch() refuses a rule the family ignores: nothing to compare
+                out[name] = f"n/a: the family ignores the rule and patch() refuses it ({str(e)[:120]})"
             continue
         try:
             with torch.no_grad():

@@ -181,6 +181,8 @@ def _cached_forward(decoder: Any, original: Callable, call: dict[str, Any], cach
     call.update(input_ids=None, inputs_embeds=embeds, position_ids=positions)
     if record.length == 0:
         _check_static(cache, cache_name, rope, positions, options)
+        if options.policy == "recompute":
+            _check_rerunnable(call, b, t)
     length, rerun = decide(rope, record, positions, options.policy)
     if options.policy == "rerotate" and record.length and length != record.table_len:
         rerotate_cache(cache, dependent, record, record.table_len, length)
@@ -207,14 +209,38 @@ def _cached_forward(decoder: Any, original: Callable, call: dict[str, Any], cach
 def _padding(mask: Any, record: Record, b: int, n: int) -> torch.Tensor | None:
     """The `[b, n]` 0/1 padding mask over the cached and new tokens for a re-run forward: the call's own, or,
     when `generate()` passed a prepared (4-d, or per-layer-type) mask, as a static cache makes it do, the 2-d
-    mask `generate()` kept (`Record.padding`, taken by `generation.keep_padding`)."""
+    mask `generate()` kept (`Record.padding`, taken by `generation.keep_padding`), or, from a wrapper's
+    per-layer-type masks (Gemma 3's and 4's image-text models), the newest token's row of its full-attention
+    mask (the padding; a re-run attends causally, image tokens' bidirectional attention included only as the
+    text model applies it)."""
     if mask is None or isinstance(mask, torch.Tensor) and mask.ndim == 2 and mask.shape == (b, n):
         return mask
     kept = record.padding
     if kept is not None and kept.shape == (b, n):
         return kept
+    full = mask.get("full_attention", mask) if isinstance(mask, dict) else None  # a wrapper's per-layer-type masks
+    if full is None:
+        return None  # no padding: the wrapper left full attention to the kernel's causal flag
+    if isinstance(full, torch.Tensor) and full.ndim == 4 and full.shape[0] == b and full.shape[-1] >= n:
+        row = full[:, 0, -1, :n]  # the newest token's row of a causal full-attention mask sees every unpadded token
+        return (row if row.dtype == torch.bool else row == 0).long()
     fail("attention_mask", f"None or a [b, {n}] 0/1 mask over the cached and new tokens (policy='recompute' runs "
          "them again; a prepared 4-d mask is read only inside generate())", mask)
+
+
+_OWN = ("input_ids", "inputs_embeds", "position_ids", "attention_mask", "cache_position")  # what a re-run rebuilds
+
+
+def _check_rerunnable(call: dict[str, Any], b: int, t: int) -> None:
+    """At a cache's first forward under "recompute": refuse inputs given per token beside the embeddings (Gemma 4's
+    image-text model hands its text model `per_layer_inputs`), which a re-run over the cached tokens would not
+    have; nothing has run yet."""
+    extra = sorted(k for k, v in call.items() if k not in _OWN and isinstance(v, torch.Tensor)
+                   and v.ndim >= 2 and tuple(v.shape[:2]) == (b, t))
+    if extra:
+        fail("policy", "'freeze' or 'refuse' for a decoder called with per-token inputs beside its embeddings "
+             "(policy='recompute' runs the cached tokens again from their embeddings alone)",
+             Raw(f"'recompute' with {', '.join(extra)}"))
 
 
 def _check_static(cache: Any, cache_name: str, rope: Rope, positions: torch.Tensor, options: Options) -> None:
