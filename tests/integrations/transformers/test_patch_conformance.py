@@ -4,7 +4,8 @@ the unpatched model (tests/helpers/transformers_zoo.py `conformance`: tiny rando
 Always: a few representative types (Llama; Mistral, whose static cache slides; GPT-NeoX, whose embeddings are
 `embed_in`; DeepSeek-V3's MLA with interleaved rope dims; Gemma 3n, which rotates q and k in separate calls;
 GraniteSWA, one rotary module per theta; Phi-MoE, whose LongRoPE keeps its short factors times its mscale and whose
-config class refuses the other rules: "n/a"; LFM2-MoE, whose rotary module is `pos_emb`). Every type: `POSENC_ZOO=all pytest tests/integrations/transformers/test_patch_conformance.py`; the
+config class refuses the other rules: "n/a"; LFM2-MoE, whose rotary module is `pos_emb`; Gemma 3's image-text
+model, which hands its text model per-layer-type masks). Every type: `POSENC_ZOO=all pytest tests/integrations/transformers/test_patch_conformance.py`; the
 matrix in docs/transformers.md is written from the same function by `python3 -m tests.helpers.transformers_zoo_matrix`.
 """
 
@@ -16,7 +17,7 @@ pytest.importorskip("transformers")
 
 from tests.helpers.transformers_zoo import causal_lm_types, conformance  # noqa: E402
 
-REPRESENTATIVE = ("llama", "mistral", "gpt_neox", "deepseek_v3", "gemma3n_text", "granite_swa", "phimoe", "lfm2_moe")
+REPRESENTATIVE = ("llama", "mistral", "gpt_neox", "deepseek_v3", "gemma3n_text", "granite_swa", "phimoe", "lfm2_moe", "gemma3")
 # refused types and the structural reason their message must give
 # Falcon's layers are `h`, not `layers` (accepted; in the full run)
 REFUSED = {"glm_moe_dsa": "one attention module calling", "deepseek_v32": "one attention module calling"}
@@ -41,3 +42,14 @@ def test_patched_model_matches_the_unpatched_one(model_type):
 def test_a_type_it_cannot_patch_is_refused_with_the_structural_reason(model_type):
     result = conformance(model_type)
     assert REFUSED[model_type] in result.get("refused", ""), result
+
+
+def test_per_token_inputs_refuse_recompute_at_the_first_forward():
+    # Gemma 4's image-text model hands its text model per_layer_inputs for the new tokens only: a re-run over the
+    # cached tokens would lack theirs, so "recompute" is refused before anything runs; every other check holds
+    result = conformance("gemma4")
+    if "not built" in result:
+        pytest.skip(result["not built"])
+    assert result["dynamic recompute"].startswith("refused: policy: expected 'freeze' or 'refuse'"), result
+    assert "per_layer_inputs" in result["dynamic recompute"] or "per-token" in result["dynamic recompute"], result
+    assert all(v == "ok" for k, v in result.items() if k != "dynamic recompute"), result
