@@ -5,7 +5,8 @@ Always: a few representative types (Llama; Mistral, whose static cache slides; G
 `embed_in`; DeepSeek-V3's MLA with interleaved rope dims; Gemma 3n, which rotates q and k in separate calls;
 GraniteSWA, one rotary module per theta; Phi-MoE, whose LongRoPE keeps its short factors times its mscale and whose
 config class refuses the other rules: "n/a"; LFM2-MoE, whose rotary module is `pos_emb`; Gemma 3's image-text
-model, which hands its text model per-layer-type masks). Every type: `POSENC_ZOO=all pytest tests/integrations/transformers/test_patch_conformance.py`; the
+model, which hands its text model per-layer-type masks; ZAYA, whose q has strided channels: its partial rotation's
+`torch.cat` lays q out anew, and the attention's matmuls round by layout). Every type: `POSENC_ZOO=all pytest tests/integrations/transformers/test_patch_conformance.py`; the
 matrix in docs/transformers.md is written from the same function by `python3 -m tests.helpers.transformers_zoo_matrix`.
 """
 
@@ -17,7 +18,7 @@ pytest.importorskip("transformers")
 
 from tests.helpers.transformers_zoo import causal_lm_types, conformance  # noqa: E402
 
-REPRESENTATIVE = ("llama", "mistral", "gpt_neox", "deepseek_v3", "gemma3n_text", "granite_swa", "phimoe", "lfm2_moe", "gemma3")
+REPRESENTATIVE = ("llama", "mistral", "gpt_neox", "deepseek_v3", "gemma3n_text", "granite_swa", "phimoe", "lfm2_moe", "gemma3", "zaya")
 # refused types and the structural reason their message must give
 # Falcon's layers are `h`, not `layers` (accepted; in the full run)
 REFUSED = {"glm_moe_dsa": "one attention module calling", "deepseek_v32": "one attention module calling"}

@@ -106,7 +106,7 @@ def rotate(rope: Rope, q: torch.Tensor, k: torch.Tensor, positions: Positions, o
             and not (float32 and q.dtype == torch.float64) and options.impl in (None, "cpu") and not _compiling():
         out = rotate_held(q, k, positions.position_ids, fast[0], "bhtd", rope.head_dim, False)  # one kernel call
         if out is not None:  # None: rows outside the table, other metadata (nothing written): the path below
-            return out
+            return _laid_out(rope, out)
     compute = q.dtype if q.dtype in (torch.bfloat16, torch.float16) and options.impl is None else None
     if float32:
         compute = None
@@ -117,9 +117,19 @@ def rotate(rope: Rope, q: torch.Tensor, k: torch.Tensor, positions: Positions, o
         lo, hi = positions.span()
         if lo >= 0:
             table = tables.table(rope, hi + 1, hi + 1 if seq_len is None else seq_len, options.precision, q.device)
-            return rope.apply(q, k, position_ids, precision=options.precision, impl=options.impl, table=table)
-    return rope.apply(q, k, position_ids, seq_len=seq_len, precision=options.precision, impl=options.impl,
-                      compute_dtype=compute)
+            return _laid_out(rope, rope.apply(q, k, position_ids, precision=options.precision, impl=options.impl,
+                                              table=table))
+    return _laid_out(rope, rope.apply(q, k, position_ids, seq_len=seq_len, precision=options.precision,
+                                      impl=options.impl, compute_dtype=compute))
+
+
+def _laid_out(rope: Rope, out: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    """q and k in the memory layout transformers' rotation gives them: with partial rotary its `torch.cat` of the
+    rotated and passed channels is contiguous whatever q's strides (ZAYA's q has strided channels), and the
+    attention's matmuls round by layout; a full rotation keeps q's strides, as posenc's outputs do."""
+    if rope.rotary_dim < rope.head_dim and not (out[0].is_contiguous() and out[1].is_contiguous()):
+        return out[0].contiguous(), out[1].contiguous()
+    return out
 
 
 def rotate_one(rope: Rope, x: torch.Tensor, position_ids: torch.Tensor, options: Options, seq_len: int | None,
