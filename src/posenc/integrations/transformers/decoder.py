@@ -228,12 +228,13 @@ def _padding(mask: Any, record: Record, b: int, n: int) -> torch.Tensor | None:
     kept = record.padding
     if kept is not None and kept.shape == (b, n):
         return kept
-    full = mask.get("full_attention", mask) if isinstance(mask, dict) else None  # a wrapper's per-layer-type masks
-    if full is None:
-        return None  # no padding: the wrapper left full attention to the kernel's causal flag
-    if isinstance(full, torch.Tensor) and full.ndim == 4 and full.shape[0] == b and full.shape[-1] >= n:
-        row = full[:, 0, -1, :n]  # the newest token's row of a causal full-attention mask sees every unpadded token
-        return (row if row.dtype == torch.bool else row == 0).long()
+    if isinstance(mask, dict) and "full_attention" in mask:  # a wrapper's per-layer-type masks
+        full = mask["full_attention"]
+        if full is None:
+            return None  # no padding: the wrapper left full attention to the kernel's causal flag
+        if isinstance(full, torch.Tensor) and full.ndim == 4 and full.shape[0] == b and full.shape[-1] >= n:
+            row = full[:, 0, -1, :n]  # the newest token's row of a causal full-attention mask: every unpadded token
+            return (row if row.dtype == torch.bool else row == 0).long()
     fail("attention_mask", f"None or a [b, {n}] 0/1 mask over the cached and new tokens (policy='recompute' runs "
          "them again; a prepared 4-d mask is read only inside generate())", mask)
 
