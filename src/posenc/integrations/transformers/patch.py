@@ -194,6 +194,11 @@ def _survey(model: Any, options: Options) -> list[tuple[Any, str, Any]]:
                 for m in rotaries]  # GraniteSWA: one per theta
     dependent = {i: r for i, r in enumerate(ropes) if r is not None and r.scaling.depends_on_length}
     if dependent:
+        own = sorted(n for n in innermost(type(decoder).forward).__code__.co_names
+                     if n.endswith("Cache") and n not in ("DynamicCache", "Cache", "StaticCache"))
+        if own:  # MiniMax: a cache class of its own (linear-attention state) that the policies cannot re-run
+            fail("model", "a decoder whose cache the policies can re-run (a DynamicCache or StaticCache) for a "
+                 "length-dependent rule", Raw(f"{what}, whose decoder makes its own {', '.join(own)}"))
         scalings = {r.scaling for r in dependent.values()}
         if len(scalings) != 1:  # one table decision per forward
             fail("model", "one length-dependent rule shared by the layers that use one", Raw(f"{what}: {scalings}"))
