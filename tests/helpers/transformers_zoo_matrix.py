@@ -18,6 +18,7 @@ from pathlib import Path
 from tests.helpers.transformers_zoo import CHECKS, causal_lm_types, conformance
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "transformers.md"
+RULE_CHECKS = ("linear", "yarn", "llama3", "longrope", "dynamic recompute", "static + recompute")
 START, END = "<!-- patch-matrix:start -->", "<!-- patch-matrix:end -->"
 
 
@@ -28,7 +29,10 @@ def row(model_type: str, result: dict[str, str]) -> str:
         return f"| `{model_type}` | refused | {_cell(result['refused'])} |"
     notes = [f"{k}: {v}" for k, v in result.items() if v not in ("ok", "refused at start")]
     skipped = [k for k, v in result.items() if v.startswith("n/a")]
-    verdict = "differs" if len(skipped) < len(notes) else "identical (some n/a)" if skipped else "identical"
+    # a rule patch() refuses for this family before anything runs (its structural reason in the note)
+    refused = [k for k, v in result.items() if v.startswith("refused: ") and k in RULE_CHECKS]
+    verdict = ("differs" if len(skipped) + len(refused) < len(notes) else "identical, a rule refused" if refused
+               else "identical (some n/a)" if skipped else "identical")
     return f"| `{model_type}` | {verdict} | {_cell('; '.join(notes)) or 'every check'} |"
 
 
@@ -44,6 +48,8 @@ def table(rows: list[str]) -> str:
     head = (f"{len(rows)} causal-LM model types; " + ", ".join(f"{n} {k}" for k, n in sorted(counts.items()))
             + f". Checks: {', '.join(CHECKS)} (\"longrope\": where the family's config class has it; \"static + "
             "recompute\": every static-cache step within 1e-4 of a fresh full forward). \"identical (some n/a)\": every check that runs is identical; "
+            "\"identical, a rule refused\": likewise, and patch() refuses a rule for the family before anything runs "
+            "(the structural reason in the notes); "
             "the notes say why the others do not apply to the family (its config class refuses the rule, or "
             "transformers itself fails on it).\n\n"
             "| model type | patched | notes |\n|---|---|---|")
