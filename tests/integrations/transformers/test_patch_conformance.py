@@ -45,23 +45,17 @@ def test_a_type_it_cannot_patch_is_refused_with_the_structural_reason(model_type
     assert REFUSED[model_type] in result.get("refused", ""), result
 
 
-def test_a_decoder_with_its_own_cache_class_is_refused_a_length_rule_at_patch():
+@pytest.mark.parametrize("model_type, refusal", [
     # MiniMax makes a MiniMaxCache (linear-attention state) and refuses any other: the policies cannot re-run it,
-    # so patch() refuses a length-dependent rule before anything changes; fixed rules are patched, identical
-    result = conformance("minimax")
-    if "not built" in result:
-        pytest.skip(result["not built"])
-    assert result["dynamic recompute"].startswith("refused: model: expected a decoder whose cache"), result
-    assert "MiniMaxCache" in result["dynamic recompute"] or "whose decod" in result["dynamic recompute"], result
-    assert all(v == "ok" for k, v in result.items() if k != "dynamic recompute"), result
-
-
-def test_per_token_inputs_refuse_recompute_at_the_first_forward():
+    # so patch() refuses a length-dependent rule before anything changes
+    ("minimax", "refused: model: expected a decoder whose cache the policies can re-run"),
     # Gemma 4's image-text model hands its text model per_layer_inputs for the new tokens only: a re-run over the
-    # cached tokens would lack theirs, so "recompute" is refused before anything runs; every other check holds
-    result = conformance("gemma4")
+    # cached tokens would lack theirs, so "recompute" is refused at the cache's first forward, before anything runs
+    ("gemma4", "refused: policy: expected 'freeze' or 'refuse' for a decoder called with per-token inputs"),
+])
+def test_a_family_the_policies_cannot_rerun_is_refused_a_length_rule_up_front(model_type, refusal):
+    result = conformance(model_type)
     if "not built" in result:
         pytest.skip(result["not built"])
-    assert result["dynamic recompute"].startswith("refused: policy: expected 'freeze' or 'refuse'"), result
-    assert "per_layer_inputs" in result["dynamic recompute"] or "per-token" in result["dynamic recompute"], result
-    assert all(v == "ok" for k, v in result.items() if k != "dynamic recompute"), result
+    assert result["dynamic recompute"].startswith(refusal), result
+    assert all(v == "ok" for k, v in result.items() if k != "dynamic recompute"), result  # fixed rules identical
