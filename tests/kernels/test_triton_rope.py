@@ -6,28 +6,21 @@ comparison uses the per-dtype tolerances (the compiler may fuse multiply-adds).
 Small shapes only: the interpreter costs milliseconds per program instance.
 """
 
-import importlib
 import os
 
 import pytest
 import torch
 
-if not torch.cuda.is_available():
-    os.environ["TRITON_INTERPRET"] = "1"  # read when the kernels are decorated: before importing them
+from tests.helpers.triton_interpret import interpreted, use_interpreter_without_a_gpu
+
+use_interpreter_without_a_gpu()  # before the kernels are imported
 triton = pytest.importorskip("triton")
 
 
 @pytest.fixture(autouse=True)
 def interpreted_kernels(monkeypatch):
     """Kernels decorated in interpreter mode: another test (the doctests) may have imported them without it."""
-    if torch.cuda.is_available():
-        yield
-        return
-    monkeypatch.setenv("TRITON_INTERPRET", "1")
-    import posenc.kernels.triton_rope as rope_kernels
-
-    if type(rope_kernels._rope_kernel).__name__ != "InterpretedFunction":
-        importlib.reload(rope_kernels)
+    interpreted(monkeypatch)
     yield
 
 from tests.helpers.tolerances import assert_close  # noqa: E402

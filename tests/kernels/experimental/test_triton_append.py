@@ -1,31 +1,19 @@
 """The fused rope + KV append (`kernels/experimental/triton_append.py`) against the reference rotation and plain
 indexing, on CPU under the Triton interpreter (TRITON_INTERPRET=1) or on a GPU."""
 
-import importlib
-import os
-
 import pytest
 import torch
 
-if not torch.cuda.is_available():
-    os.environ["TRITON_INTERPRET"] = "1"  # read when the kernels are decorated: before importing them
+from tests.helpers.triton_interpret import interpreted, use_interpreter_without_a_gpu
+
+use_interpreter_without_a_gpu()  # before the kernels are imported
 triton = pytest.importorskip("triton")
 
 
 @pytest.fixture(autouse=True)
 def interpreted_kernels(monkeypatch):
     """Kernels decorated in interpreter mode: another test (the doctests) may have imported them without it."""
-    if torch.cuda.is_available():
-        yield
-        return
-    monkeypatch.setenv("TRITON_INTERPRET", "1")
-    import posenc.kernels.experimental.triton_append as append
-    import posenc.kernels.triton_rope as rope_kernels
-
-    if type(rope_kernels._rope_kernel).__name__ != "InterpretedFunction":
-        importlib.reload(rope_kernels)
-    if type(append._append_kernel).__name__ != "InterpretedFunction" or append._rotate_block is not rope_kernels._rotate_block:
-        importlib.reload(append)
+    interpreted(monkeypatch, append=True)
     yield
 
 from tests.kernels.test_triton_rope import DEVICE, _sparse, randn, same  # noqa: E402
