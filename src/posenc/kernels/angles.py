@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import os
 import struct
 
 import torch
@@ -67,8 +68,6 @@ def entry():
 
 
 def _torch_cpu_library() -> str:
-    import os
-
     folder = os.path.join(os.path.dirname(torch.__file__), "lib")
     names = [n for n in os.listdir(folder) if n.startswith("libtorch_cpu.")]
     if not names:
