@@ -19,8 +19,6 @@ import torch
 
 CACHES_KEPT = 16  # caches kept per engine (a row holds one or two at a time); older handles are dropped
 
-torch.set_grad_enabled(False)
-
 
 def _tensor(array: Any) -> torch.Tensor:
     return torch.from_numpy(np.array(array).astype(np.int64))
@@ -113,4 +111,7 @@ class Worker:
 
 
 def load(spec: str) -> Worker:
+    """The worker process's adapter (called once, by the host, in the process it owns: no autograd there; an
+    import alone changes nothing, as the doctests' import of every module shows)."""
+    torch.set_grad_enabled(False)
     return Worker(spec)
