@@ -9,7 +9,6 @@ import torch
 
 from posenc import PosencError, Rope
 from posenc.kernels import angles, build
-from posenc.rope import fast
 
 RUN = angles.entry()
 needs_run = pytest.mark.skipif(RUN is None, reason="no C angles here (no kernel build, or a torch without MKL)")
@@ -43,6 +42,26 @@ def test_rows_are_torch_bits_at_every_magnitude(half, factor):
 
 
 @needs_run
+@pytest.mark.parametrize("threads", [1, 2, 3, 4, 7])
+@pytest.mark.parametrize("factor", [1.0, 1.2079441541679836])
+def test_rows_are_torch_bits_on_every_thread_count(threads, factor):
+    # sines and cosines on different threads, tokens cut into ranges: 1024 angles or more (here 37 x 35 and
+    # 301 x 35, odd so that no range is a round share), one thread below that (3 x 35)
+    g = torch.Generator().manual_seed(threads)
+    freq = ladder(35)
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        for pos in (torch.randint(0, 2**30, (37,), generator=g), torch.randint(-(2**20), 2**40, (301,), generator=g),
+                    torch.tensor([5, 0, 4095])):
+            got = angles.cos_sin(RUN, pos, freq, factor, -(2**53), 2**53)
+            expected = torch_formula(pos, freq, factor)
+            assert torch.equal(got[0], expected[0]) and torch.equal(got[1], expected[1]), (threads, pos.numel())
+    finally:
+        torch.set_num_threads(before)
+
+
+@needs_run
 def test_a_position_out_of_range_gives_none():
     freq = ladder(4)
     assert angles.cos_sin(RUN, torch.tensor([3, -1, 2]), freq, 1.0, 0, 2**53) is None
@@ -52,12 +71,12 @@ def test_a_position_out_of_range_gives_none():
 
 @needs_run
 def test_the_probe_refuses_functions_that_are_not_torchs():
-    fn, vcos, vsin, fresh = RUN
+    fn, vcos, vsin, fresh, local = RUN
     assert angles._probe(RUN)
-    assert not angles._probe((fn, vsin, vcos, fresh))  # cos and sin swapped: the probe sees it
+    assert not angles._probe((fn, vsin, vcos, fresh, local))  # cos and sin swapped: the probe sees it
     mkl = ctypes.CDLL(angles._torch_cpu_library())
     other = ctypes.cast(mkl.vmsExp, ctypes.c_void_p).value  # a vector function of the same shape, not cos
-    assert not angles._probe((fn, other, vsin, fresh))
+    assert not angles._probe((fn, other, vsin, fresh, local))
 
 
 def test_no_c_angles_without_the_kernel_or_mkl(monkeypatch):
@@ -80,7 +99,7 @@ def test_both_paths_give_the_references_bits(monkeypatch, c_angles, dtype):
     if c_angles and RUN is None:
         pytest.skip("no C angles here")
     if not c_angles:
-        monkeypatch.setattr(fast, "_angles", lambda: None)
+        monkeypatch.setattr(angles, "entry", lambda: None)
     from posenc.rope.scaling import YaRN
 
     for rope in (Rope(head_dim=64), Rope(head_dim=48, rotary_dim=32, pairing="interleaved",

@@ -14,7 +14,7 @@ from tests.rope.test_apply_invariants import oracle, ref_inv_freq
 
 import posenc
 from posenc import PosencError, Rope
-from posenc.kernels import build, cpu
+from posenc.kernels import angles, build, cpu
 from posenc.rope import dispatch
 from posenc.rope.scaling import DynamicNTK, YaRN
 
@@ -219,7 +219,7 @@ def test_explicit_impl_never_falls_back(monkeypatch, tmp_path):
     monkeypatch.setenv("CC", str(tmp_path / "no-such-cc"))
     monkeypatch.setenv("POSENC_CACHE_DIR", str(tmp_path))
     monkeypatch.setattr(build, "installed_library", lambda *a, **k: None)  # no install-time build either
-    build._loaded.cache_clear(), cpu.entry.cache_clear()
+    build._loaded.cache_clear(), cpu.entry.cache_clear(), angles.entry.cache_clear()
     try:
         with pytest.warns(RuntimeWarning, match="the C kernel is unavailable"):  # the default says why, once
             build.library()
@@ -228,7 +228,7 @@ def test_explicit_impl_never_falls_back(monkeypatch, tmp_path):
         expected = rope.apply(q, q, pos, impl="reference")
         assert torch.equal(rope.apply(q, q, pos)[0], expected[0])
     finally:
-        build._loaded.cache_clear(), cpu.entry.cache_clear()
+        build._loaded.cache_clear(), cpu.entry.cache_clear(), angles.entry.cache_clear()
 
 
 def test_decoder_tables_path_matches_reference():
@@ -286,14 +286,14 @@ def test_kernel_builds_in_the_temp_directory_when_the_cache_folder_cannot_exist(
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
     (tmp_path / "tmp").mkdir()
     monkeypatch.setattr(build, "installed_library", lambda *a, **k: None)
-    build._loaded.cache_clear(), cpu.entry.cache_clear()
+    build._loaded.cache_clear(), cpu.entry.cache_clear(), angles.entry.cache_clear()
     try:
         rope, q, pos = Rope(head_dim=16), randn(1, 2, 3, 16), torch.arange(3)
         got = rope.apply(q, q, pos, impl="cpu")
         assert torch.equal(got[0], rope.apply(q, q, pos, impl="reference")[0])
         assert list((tmp_path / "tmp").glob("posenc-*/kernels/rope_cpu-*.so"))
     finally:
-        build._loaded.cache_clear(), cpu.entry.cache_clear()
+        build._loaded.cache_clear(), cpu.entry.cache_clear(), angles.entry.cache_clear()
 
 
 def test_offsets_past_two_to_the_31_elements_in_place_and_allocating():

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from posenc import PosencError, Rope
-from posenc.kernels import cpu
+from posenc.kernels import angles, cpu
 from posenc.rope import dispatch
 
 pytestmark = pytest.mark.skipif(not cpu.available(), reason="no C compiler for the cpu kernel")
@@ -13,16 +13,18 @@ pytestmark = pytest.mark.skipif(not cpu.available(), reason="no C compiler for t
 
 @pytest.fixture
 def calls(monkeypatch):
-    """Every function of `posenc.kernels.cpu` wrapped to count its calls (by name)."""
+    """Every function of `posenc.kernels.cpu` and `posenc.kernels.angles` wrapped to count its calls (by name;
+    angles' as `angles.NAME`)."""
     counted = {}
-    for name in cpu.__all__:
-        fn = getattr(cpu, name)
-        if callable(fn) and not isinstance(fn, type):
-            def counting(*args, _fn=fn, _name=name, **kwargs):
-                counted[_name] = counted.get(_name, 0) + 1
-                return _fn(*args, **kwargs)
+    for module, prefix in ((cpu, ""), (angles, "angles.")):
+        for name in module.__all__:
+            fn = getattr(module, name)
+            if callable(fn) and not isinstance(fn, type):
+                def counting(*args, _fn=fn, _name=prefix + name, **kwargs):
+                    counted[_name] = counted.get(_name, 0) + 1
+                    return _fn(*args, **kwargs)
 
-            monkeypatch.setattr(cpu, name, counting)
+                monkeypatch.setattr(module, name, counting)
     return counted
 
 
@@ -37,12 +39,20 @@ def test_one_question_and_one_kernel_call_per_rotation(calls, case, inplace):
         pos = pos.int()
     table = rope.table(16) if case == "table" else None
     expected = rope.apply(q, k, pos, impl="reference")
+    c_angles = angles.entry() is not None
     calls.clear()
     got = (rope.apply_ if inplace else rope.apply)(q, k, pos, table=table)
     assert torch.equal(got[0], expected[0]) and torch.equal(got[1], expected[1])
-    # [t] positions take rotate_held, which packs the struct itself (pack_args is the packer, not a question)
-    kernel_call = {"rope": 1} if case == "no-table-int32" else {"pack_args": 1}
-    assert calls == {"entry": 1, **kernel_call}
+    # a held table: rotate_held packs the struct itself (pack_args is the packer, not a question); no table:
+    # one question (whether the C angles run here), one pack of the kernel's and the angles' arguments
+    if case == "no-table-int32":
+        assert calls == {"entry": 1, "rope": 1}
+    elif case == "table":
+        assert calls == {"entry": 1, "pack_args": 1}
+    elif not c_angles:  # torch's ops make the rows, then the kernel
+        assert calls == {"angles.entry": 1, "entry": 1, "pack_args": 1}
+    else:
+        assert calls == {"angles.entry": 1, "angles.pack_fresh": 1}
 
 
 def test_choose_decides_once_and_names_what_cannot_run():

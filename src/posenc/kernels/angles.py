@@ -29,13 +29,16 @@ import struct
 import torch
 
 from . import build
+from .cpu import ARGS_FORMAT
 
-__all__ = ["entry", "cos_sin", "pack", "LIMIT", "MODE", "OUT_OF_RANGE"]
+__all__ = ["entry", "cos_sin", "pack", "pack_fresh", "LIMIT", "MODE", "OUT_OF_RANGE"]
 
-# AnglesArgs of rope_angles.c: positions, freq, cos, sin, vcos, vsin (pointers), n, half, mode, low, high,
-# factor, scale, threads
-_FORMAT = "=6Q5qfiq"
+# AnglesArgs of rope_angles.c: positions, freq, cos, sin, vcos, vsin, local_threads (pointers), n, half, mode,
+# low, high, factor, scale, threads
+_FORMAT = "=7Q5qfiq"
 pack = struct.Struct(_FORMAT).pack
+# posenc_rope_fresh's one buffer: RopeArgs' fields, then AnglesArgs' (both 8-byte multiples: no padding between)
+pack_fresh = struct.Struct(ARGS_FORMAT + _FORMAT[1:]).pack
 # torch's MKL mode (ATen/cpu/vml.h): VML_HA | VML_FTZDAZ_OFF | VML_ERRMODE_IGNORE
 MODE = 0x2 | 0x140000 | 0x100
 OUT_OF_RANGE = -2  # posenc_angles' answer to a position outside [low, high] (nothing written)
@@ -44,9 +47,10 @@ LIMIT = 1 << 24  # angles (positions x r/2) one call makes (64 MiB of cos rows);
 
 @functools.lru_cache(maxsize=None)  # a pure function of the loaded libraries (the kernel's and torch's)
 def entry():
-    """`(posenc_angles, vcos, vsin, posenc_rope_fresh)`: the C functions (the angles alone; the angles then the
-    rotation, `rope/fast.py`) and torch's vector cos/sin, or None where this path does not give torch's bits
-    here (see the module's text)."""
+    """`(posenc_angles, vcos, vsin, posenc_rope_fresh, local_threads)`: the C functions (the angles alone; the
+    angles then the rotation, `rope/fast.py`), torch's vector cos/sin and MKL's `MKL_Set_Num_Threads_Local` (0
+    where absent: the C side turns MKL's own threading off inside its parallel parts), or None where this path
+    does not give torch's bits here (see the module's text)."""
     lib = build.loaded()
     if lib is None or not hasattr(lib, "posenc_angles") or not torch.backends.mkl.is_available():
         return None
@@ -54,15 +58,16 @@ def entry():
         mkl = ctypes.CDLL(_torch_cpu_library())
         vcos = ctypes.cast(mkl.vmsCos, ctypes.c_void_p).value
         vsin = ctypes.cast(mkl.vmsSin, ctypes.c_void_p).value
+        local = ctypes.cast(getattr(mkl, "MKL_Set_Num_Threads_Local", None), ctypes.c_void_p).value or 0
     except (OSError, AttributeError):
         return None
     fn, fresh = lib.posenc_angles, lib.posenc_rope_fresh
     fn.restype, fn.argtypes = ctypes.c_int64, [ctypes.c_char_p]
-    fresh.restype, fresh.argtypes = ctypes.c_int64, [ctypes.c_char_p, ctypes.c_char_p]
+    fresh.restype, fresh.argtypes = ctypes.c_int64, [ctypes.c_char_p]
     lib.posenc_angles_args_size.restype = ctypes.c_int64
     if lib.posenc_angles_args_size() != struct.calcsize(_FORMAT):
         return None
-    run = (fn, vcos, vsin, fresh)
+    run = (fn, vcos, vsin, fresh, local)
     with torch._C._DisableFuncTorch(), torch.no_grad():  # the probe's own tensors, whatever transform is active
         return run if _probe(run) else None
 
@@ -98,13 +103,13 @@ def cos_sin(run, positions: torch.Tensor, freq: torch.Tensor, factor: float, low
     position is outside `[low, high]` (the caller names it) or under a torch.func transform."""
     half, n = freq.shape[0], positions.numel()
     out = torch.empty(2, *positions.shape, half)  # cos, sin
-    fn, vcos, vsin, _ = run
+    fn, vcos, vsin, _, local = run
     try:
         address, at = out.data_ptr(), positions.data_ptr()
     except RuntimeError:  # tensors of a torch.func transform have no memory: the caller's torch ops run
         return None
-    ret = fn(pack(at, freq.data_ptr(), address, address + 4 * n * half, vcos, vsin, n, half, MODE, low, high, factor,
-                  factor != 1.0, torch.get_num_threads()))
+    ret = fn(pack(at, freq.data_ptr(), address, address + 4 * n * half, vcos, vsin, local, n, half, MODE, low, high,
+                  factor, factor != 1.0, torch.get_num_threads()))
     if ret == OUT_OF_RANGE:
         return None
     if ret != 0:

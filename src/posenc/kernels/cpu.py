@@ -32,7 +32,7 @@ from .constants import DTYPE_CODES as DTYPES, MAX_HEAD_DIM, MAX_ROTARY_DIM, PAIR
 
 __all__ = ["entry", "unavailable", "available", "rope", "advise_huge_pages", "fits", "RopeArgs", "DTYPES",
            "PAIRING_CODES", "MAX_ROTARY_DIM", "MAX_HEAD_DIM", "BAD_ARGUMENTS", "OVERLAP", "FLAG_HUGE_PAGES",
-           "FLAG_CHECK_OVERLAP", "pack_args", "huge_pages_allowed", "pool_workers", "pool_openmp"]
+           "FLAG_CHECK_OVERLAP", "pack_args", "ARGS_FORMAT", "huge_pages_allowed", "pool_workers", "pool_openmp"]
 
 BAD_ARGUMENTS = -(1 << 62)  # the kernel's answer to arguments it cannot take
 OVERLAP = BAD_ARGUMENTS + 1  # its answer, with FLAG_CHECK_OVERLAP, to q and k whose memory ranges meet
@@ -66,8 +66,9 @@ def _format(fields) -> str:
     return out
 
 
-_PACK = struct.Struct(_format(RopeArgs._fields_)).pack  # a constant: the packer of RopeArgs
-assert struct.calcsize(_format(RopeArgs._fields_)) == ctypes.sizeof(RopeArgs)
+ARGS_FORMAT = _format(RopeArgs._fields_)  # RopeArgs' `struct` format (angles.py appends AnglesArgs' to it)
+_PACK = struct.Struct(ARGS_FORMAT).pack  # a constant: the packer of RopeArgs
+assert struct.calcsize(ARGS_FORMAT) == ctypes.sizeof(RopeArgs)
 pack_args = _PACK  # RopeArgs' fields, in order, as the bytes `posenc_rope` takes
 
 

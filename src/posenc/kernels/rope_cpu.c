@@ -162,11 +162,21 @@ static int may_overlap(const Tensor4 *q, const Tensor4 *k, int64_t elem) {
     return lo[0] < hi[1] && lo[1] < hi[0];
 }
 
-/* Rotate q and (if a->k) k. Returns 0 when done; nothing is written otherwise:
+/* A call's work, made by `plan` and run on the pool: Work and Job point into the same Plan. */
+typedef struct {
+    Tensor4 q, k;
+    Work all;
+    int64_t bytes_per_unit[2], units, threads; /* threads 0: nothing to do */
+    Job job;
+} Plan;
+
+/* Check a call and cut its work (`p` filled in place: its pointers are into itself). Returns 0 (then
+ * p->threads says how many threads the work wants, 0 for none) or, with nothing written, the refusal:
  * < 0: the most negative row found (a negative position); > 0: the table length the rows need;
  * BAD_ARGUMENTS (-2**62): arguments the kernel cannot take (a row wider than its buffers, an unknown dtype);
  * OVERLAP (-2**62 + 1): with FLAG_CHECK_OVERLAP, q and k may share memory. */
-int64_t posenc_rope(const RopeArgs *a) {
+static int64_t plan(const RopeArgs *a, Plan *p) {
+    p->threads = 0;
     if (a->batch <= 0 || a->tokens <= 0) return 0; /* no element, and `rows` may hold none to read */
     int64_t lo = 0, hi = -1, nb = a->rows_batch_stride ? a->batch : 1;
     for (int64_t i = 0; i < nb * a->tokens; i++) {
@@ -179,51 +189,62 @@ int64_t posenc_rope(const RopeArgs *a) {
     if (a->half > MAX_HALF || a->head_dim > 2 * MAX_HALF + 2048) return BAD_ARGUMENTS;
     if (a->dtype < F32 || a->dtype > F64 || (a->dtype == F16 && !posenc_has_f16())) return BAD_ARGUMENTS;
     const int64_t elem = a->dtype == F64 ? 8 : a->dtype == F32 ? 4 : 2;
-    Tensor4 q = {a->q, a->q_out, a->batch, a->q_heads, a->tokens, a->head_dim, {0}, {0}};
-    Tensor4 k = {a->k, a->k_out, a->batch, a->k_heads, a->tokens, a->head_dim, {0}, {0}};
-    memcpy(q.xs, a->q_strides, sizeof q.xs); memcpy(q.os, a->q_out_strides, sizeof q.os);
-    memcpy(k.xs, a->k_strides, sizeof k.xs); memcpy(k.os, a->k_out_strides, sizeof k.os);
-    if ((a->flags & FLAG_CHECK_OVERLAP) && a->k && may_overlap(&q, &k, elem)) return OVERLAP;
-    Work all = {a, {&q, a->k ? &k : 0}, {tile_units(&q), a->k ? tile_units(&k) : 0}, 0, 0};
-    if (all.units[0] + all.units[1] == 0) return 0;
-    const int64_t bytes_per_unit[2] = {all.units[0] ? a->batch * a->q_heads * a->tokens * a->head_dim * elem / all.units[0] : 0,
-                                       all.units[1] ? a->batch * a->k_heads * a->tokens * a->head_dim * elem / all.units[1] : 0};
-    const int64_t total = all.units[0] * bytes_per_unit[0] + all.units[1] * bytes_per_unit[1];
+    p->q = (Tensor4){a->q, a->q_out, a->batch, a->q_heads, a->tokens, a->head_dim, {0}, {0}};
+    p->k = (Tensor4){a->k, a->k_out, a->batch, a->k_heads, a->tokens, a->head_dim, {0}, {0}};
+    memcpy(p->q.xs, a->q_strides, sizeof p->q.xs); memcpy(p->q.os, a->q_out_strides, sizeof p->q.os);
+    memcpy(p->k.xs, a->k_strides, sizeof p->k.xs); memcpy(p->k.os, a->k_out_strides, sizeof p->k.os);
+    if ((a->flags & FLAG_CHECK_OVERLAP) && a->k && may_overlap(&p->q, &p->k, elem)) return OVERLAP;
+    p->all = (Work){a, {&p->q, a->k ? &p->k : 0}, {tile_units(&p->q), a->k ? tile_units(&p->k) : 0}, 0, 0};
+    p->units = p->all.units[0] + p->all.units[1];
+    if (p->units == 0) return 0;
+    p->bytes_per_unit[0] = p->all.units[0] ? a->batch * a->q_heads * a->tokens * a->head_dim * elem / p->all.units[0] : 0;
+    p->bytes_per_unit[1] = p->all.units[1] ? a->batch * a->k_heads * a->tokens * a->head_dim * elem / p->all.units[1] : 0;
+    const int64_t total = p->all.units[0] * p->bytes_per_unit[0] + p->all.units[1] * p->bytes_per_unit[1];
     int64_t n = a->threads < 1 ? 1 : a->threads > MAX_THREADS ? MAX_THREADS : a->threads;
     if (n > total / MIN_BYTES_PER_THREAD) n = total / MIN_BYTES_PER_THREAD > 1 ? total / MIN_BYTES_PER_THREAD : 1;
-    if (n > all.units[0] + all.units[1]) n = all.units[0] + all.units[1];
+    p->threads = n > p->units ? p->units : n;
     if (a->flags & FLAG_HUGE_PAGES) {
-        advise_output(&q, elem);
-        if (a->k) advise_output(&k, elem);
+        advise_output(&p->q, elem);
+        if (a->k) advise_output(&p->k, elem);
     }
-    const Job job = {&all, bytes_per_unit};
-    pool_run(n, all.units[0] + all.units[1], run_part, (void *)&job);
+    p->job = (Job){&p->all, p->bytes_per_unit};
     return 0;
 }
 
-/* A call without a held table (rope/fast.py): the cos/sin rows of the call's tokens made first (rope_angles.c),
- * in a buffer of this call, token i reading row i (args->rows is not read), then posenc_rope over them. Returns
- * posenc_rope's answer, or ANGLES_REFUSED (a position outside the range allowed; nothing written). */
-int64_t posenc_rope_fresh(const RopeArgs *args, const AnglesArgs *angles) {
-    RopeArgs r = *args;
-    AnglesArgs a = *angles;
+/* Rotate q and (if a->k) k. Returns 0 when done; nothing is written otherwise (`plan`'s refusals). */
+int64_t posenc_rope(const RopeArgs *a) {
+    Plan p;
+    const int64_t ret = plan(a, &p);
+    if (ret == 0 && p.threads > 0) pool_run(p.threads, p.units, run_part, (void *)&p.job);
+    return ret;
+}
+
+/* A call without a held table (rope/fast.py): the cos/sin rows of the call's tokens (rope_angles.c) in a buffer
+ * of this call, token i reading row i (args->rows is not read), then the rotation over them, both on one team
+ * of threads (pool_run2). The arguments are one buffer, a RopeArgs then an AnglesArgs (one pack on the Python
+ * side). Returns posenc_rope's answer, or ANGLES_REFUSED (a position outside the range allowed); nothing is
+ * written unless it returns 0. */
+int64_t posenc_rope_fresh(const char *packed) {
+    RopeArgs r;
+    AnglesArgs a;
+    memcpy(&r, packed, sizeof r);
+    memcpy(&a, packed + sizeof r, sizeof a);
     if (a.n <= 0 || a.half <= 0 || a.n != r.table_rows || a.half != r.half || a.n > INT32_MAX / a.half)
         return BAD_ARGUMENTS;
+    const int64_t checked = angles_check(&a);
+    if (checked != 0)
+        return checked == ANGLES_OUT_OF_RANGE ? ANGLES_REFUSED : BAD_ARGUMENTS;
     /* one buffer: the rows 0 .. n-1 (8-byte aligned first), then the cos rows, then the sin rows */
     int64_t *buf = (int64_t *)malloc((size_t)a.n * sizeof(int64_t) + (size_t)(2 * a.n * a.half) * sizeof(float));
     if (!buf) return BAD_ARGUMENTS;
     for (int64_t i = 0; i < a.n; ++i) buf[i] = i;
     r.rows = buf;
-    a.cos = (float *)(buf + a.n);
-    a.sin = a.cos + a.n * a.half;
-    int64_t ret = angles_fill(&a);
-    if (ret == 0) {
-        r.cos = a.cos;
-        r.sin = a.sin;
-        ret = posenc_rope(&r);
-    } else {
-        ret = ret == ANGLES_OUT_OF_RANGE ? ANGLES_REFUSED : BAD_ARGUMENTS;
-    }
+    r.cos = a.cos = (float *)(buf + a.n);
+    r.sin = a.sin = a.cos + a.n * a.half;
+    Plan p;
+    const int64_t ret = plan(&r, &p); /* reads the rows, not the cos/sin rows */
+    if (ret == 0 && p.threads > 0)
+        pool_run2(angles_threads(&a), angles_part, (void *)&a, p.threads, p.units, run_part, (void *)&p.job);
     free(buf);
     return ret;
 }

@@ -167,6 +167,26 @@ void pool_run(int64_t threads, int64_t units, void (*job)(void *, int64_t, int64
     pthread_mutex_unlock(&pool.callers);
 }
 
+void pool_run2(int64_t threads1, void (*job1)(void *, int64_t, int64_t), void *ctx1, int64_t threads2, int64_t units2,
+               void (*job2)(void *, int64_t, int64_t), void *ctx2) {
+#ifdef _OPENMP
+    const int64_t team = threads1 > threads2 ? threads1 : threads2;
+    if (team > 1 && !pool.forked && !omp_in_parallel()) { /* one team: a barrier between the jobs, not a restart */
+        const int64_t parts2 = threads2 == 1 ? 1 : threads2 * PARTS_PER_THREAD < units2 ? threads2 * PARTS_PER_THREAD : units2;
+#pragma omp parallel num_threads((int)team)
+        {
+#pragma omp for schedule(static)
+            for (int64_t i = 0; i < threads1; i++) job1(ctx1, i, threads1);
+#pragma omp for schedule(static)
+            for (int64_t i = 0; i < parts2; i++) job2(ctx2, i, parts2);
+        }
+        return;
+    }
+#endif
+    pool_run(threads1, threads1, job1, ctx1);
+    pool_run(threads2, units2, job2, ctx2);
+}
+
 int64_t posenc_pool_workers(void) { return pool.started; } /* workers started so far (tests, docs) */
 
 int64_t posenc_pool_openmp(void) { /* 1: calls with threads > 1 run on OpenMP's team in this process */

@@ -21,6 +21,13 @@
 POSENC_INTERNAL void pool_run(int64_t threads, int64_t units, void (*job)(void *ctx, int64_t part, int64_t parts),
                               void *ctx);
 
+/* job1 in `threads1` parts (part i of threads1, one a thread), then, once every one is done (its writes seen),
+ * job2 as pool_run(threads2, units2, job2, ctx2) would run it. On OpenMP one team runs both, a barrier between
+ * them (a second parallel region costs a start and a join); elsewhere two pool_run calls. */
+POSENC_INTERNAL void pool_run2(int64_t threads1, void (*job1)(void *ctx, int64_t part, int64_t parts), void *ctx1,
+                               int64_t threads2, int64_t units2, void (*job2)(void *ctx, int64_t part, int64_t parts),
+                               void *ctx2);
+
 /* Worker threads started so far (exported: tests and docs read it through ctypes). */
 int64_t posenc_pool_workers(void);
 

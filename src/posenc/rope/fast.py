@@ -22,9 +22,7 @@ from array import array
 import torch
 
 from ..errors import MAX_POSITION
-from ..kernels import cpu
-from ..kernels.angles import LIMIT as _ANGLES_LIMIT, MODE as _MODE, entry as _angles, pack as _pack
-from ..kernels.angles import cos_sin as _cos_sin
+from ..kernels import angles, cpu
 from .aliasing import overlaps_itself
 from .inputs import check_position_values, check_x
 from .tables import float32_cos_sin
@@ -82,16 +80,16 @@ def rotate_fresh(q: torch.Tensor, k: torch.Tensor, position_ids: torch.Tensor, r
     """
     n, half = position_ids.numel(), rope.rotary_dim // 2
     low = -MAX_POSITION if allow_negative else 0
-    run = _angles() if 0 < n * half <= _ANGLES_LIMIT else None
+    run = angles.entry() if 0 < n * half <= angles.LIMIT else None
     if run is not None and position_ids.is_contiguous():  # one C call: range check, torch's cos/sin, rotation
         try:
             address = position_ids.data_ptr()
         except RuntimeError:  # no memory to read (a torch.func wrapper): the general path
             return None
-        _, vcos, vsin, fresh = run
-        angles = (fresh, _pack(address, rope._freq.data_ptr(), 0, 0, vcos, vsin, n, half, _MODE, low, MAX_POSITION,
-                               rope._factor, rope._factor != 1.0, _num_threads()))
-        return _run(q, k, position_ids.shape, 0, (0, 0, n, half, rope._code), layout, rope.head_dim, inplace, angles)
+        factor = rope._factor
+        fresh = (run[3], (address, rope._freq.data_ptr(), 0, 0, run[1], run[2], run[4], n, half, angles.MODE, low,
+                          MAX_POSITION, factor, factor != 1.0))
+        return _run(q, k, position_ids.shape, 0, (0, 0, n, half, rope._code), layout, rope.head_dim, inplace, fresh)
     # torch's ops: the range check on the positions, then one product, one cos, one sin
     if n == 0:
         return None
@@ -118,19 +116,20 @@ def cos_sin_fresh(position_ids: torch.Tensor, freq: torch.Tensor, factor: float,
     """`Rope.cos_sin` of a few contiguous int64 CPU positions in one C call (`kernels.angles`), or None for a call
     it does not take (more angles than `kernels.angles.LIMIT`, no C path here, under `torch.compile`, a position
     out of range: the caller checks and names it)."""
-    if (not position_ids.is_cpu or position_ids.numel() * freq.shape[0] > _ANGLES_LIMIT
+    if (not position_ids.is_cpu or position_ids.numel() * freq.shape[0] > angles.LIMIT
             or not position_ids.is_contiguous() or _compiling()):
         return None
-    run = _angles()
+    run = angles.entry()
     if run is None:
         return None
-    return _cos_sin(run, position_ids, freq, factor, -MAX_POSITION if allow_negative else 0, MAX_POSITION)
+    return angles.cos_sin(run, position_ids, freq, factor, -MAX_POSITION if allow_negative else 0, MAX_POSITION)
 
 
-def _run(q, k, rows_shape, rows_address, held, layout, head_dim, inplace, angles=None):
+def _run(q, k, rows_shape, rows_address, held, layout, head_dim, inplace, fresh=None):
     """The kernel call of `rotate_held` / `rotate_fresh`: rows at `rows_address`, `rows_shape` `[t]` / `[b, t]`
-    (row-major); with `angles` (`(posenc_rope_fresh, packed AnglesArgs)`) the C side makes the table and its
-    rows first (then `held`'s addresses and `rows_address` are not read)."""
+    (row-major); with `fresh` (`(posenc_rope_fresh, AnglesArgs' fields but the thread count)`) the C side makes
+    the table and its rows first (then `held`'s addresses and `rows_address` are not read), all of it packed
+    in one buffer."""
     if type(q) is not Tensor or type(k) is not Tensor:
         return None
     dtype = q.dtype
@@ -157,8 +156,9 @@ def _run(q, k, rows_shape, rows_address, held, layout, head_dim, inplace, angles
         rows_b = t if rows_shape[0] > 1 else 0
     else:
         return None
-    run = cpu.entry(dtype)
-    if run is None:
+    code = cpu.DTYPES.get(dtype)  # the C side refuses a dtype it was built without (float16)
+    run = cpu.entry(dtype) if fresh is None else fresh[0]
+    if code is None or run is None:
         return None
     try:
         qp, kp, q4, k4 = q.data_ptr(), k.data_ptr(), q.stride(), k.stride()  # layout's dims
@@ -177,9 +177,13 @@ def _run(q, k, rows_shape, rows_address, held, layout, head_dim, inplace, angles
         flags = cpu.FLAG_HUGE_PAGES if large and cpu.huge_pages_allowed() else 0
     if layout == "bthd":  # strides over [b, h, t, d]: dims 1 and 2 swap
         q4, k4, qo4, ko4 = ((s[0], s[2], s[1], s[3]) for s in (q4, k4, qo4, ko4))
-    args = cpu.pack_args(qp, qop, kp, kop, cos, sin, rows_address, b, hq, hk, t, d, *q4, *qo4, *k4, *ko4, n, half,
-                         rows_b, cpu.DTYPES[dtype], pairing, _num_threads(), flags)
-    ret = run(args) if angles is None else angles[0](args, angles[1])
+    threads = _num_threads()
+    if fresh is None:
+        ret = run(cpu.pack_args(qp, qop, kp, kop, cos, sin, rows_address, b, hq, hk, t, d, *q4, *qo4, *k4, *ko4, n,
+                                half, rows_b, code, pairing, threads, flags))
+    else:
+        ret = run(angles.pack_fresh(qp, qop, kp, kop, cos, sin, rows_address, b, hq, hk, t, d, *q4, *qo4, *k4, *ko4, n, half,
+                              rows_b, code, pairing, threads, flags, *fresh[1], threads))
     if ret != 0:
         return None  # nothing written: the general path names what is wrong (or rotates aliasing-free views)
     if inplace:  # the kernel wrote through ctypes: tell autograd, as a torch in-place op would
