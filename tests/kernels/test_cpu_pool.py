@@ -98,13 +98,16 @@ def test_decode_step_is_split_between_threads_bit_exact(threads):
                 _check(rope, q, k, pos, table, expected)
 
 
-def test_concurrent_callers_share_the_pool(threads):
-    # ctypes releases the GIL: a caller that finds the pool busy runs on its own thread, with the same bits
+@pytest.mark.parametrize("held", [True, False], ids=["held", "no-table"])
+def test_concurrent_callers_share_the_pool(threads, held):
+    # ctypes releases the GIL: a caller that finds the pool busy runs on its own thread, with the same bits;
+    # without a table the angles run on the pool too (sines and cosines apart, then the rotation)
     threads(3)
     errors = []
 
     def worker(seed):
         rope, q, k, pos, table = _case(torch.float32, seed)
+        table = table if held else None
         expected = rope.apply(q, k, pos, layout="bthd", impl="reference")
         for _ in range(8):
             qi, ki = q.clone(), k.clone()
@@ -121,8 +124,10 @@ def test_concurrent_callers_share_the_pool(threads):
 
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="no fork here")
-def test_a_forked_child_starts_its_own_pool(threads):
+@pytest.mark.parametrize("held", [True, False], ids=["held", "no-table"])
+def test_a_forked_child_starts_its_own_pool(threads, held):
     rope, q, k, pos, table = _case(torch.float32)
+    table = table if held else None
     expected = rope.apply(q, k, pos, layout="bthd", impl="reference")
     threads(3)
     _check(rope, q, k, pos, table, expected)  # the parent's pool (or OpenMP's team) is running
