@@ -7,7 +7,6 @@ checks metadata only and must agree with the reference on every shape it takes, 
 (and every refusal) to the general path with nothing written.
 """
 
-import ctypes
 import inspect
 import os
 from pathlib import Path
