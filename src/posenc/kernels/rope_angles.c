@@ -24,40 +24,41 @@ typedef int (*local_threads_fn)(int); /* MKL_Set_Num_Threads_Local: the old valu
 
 #define MIN_ANGLES_PER_PART 1024 /* below this a part's start-up costs more than its angles */
 
-/* The angles of tokens [i0, i1) into `out` (rows of a->half), then `fn` over them in place, then the factor. */
-static void angles_rows(const AnglesArgs *a, int64_t i0, int64_t i1, float *out, vector_fn fn) {
+/* The angles of tokens [i0, i1) into rows i0 .. i1 - 1 of `out` (rows of a->half): float(p) * freq. */
+static void thetas(const AnglesArgs *a, int64_t i0, int64_t i1, float *out) {
     for (int64_t i = i0; i < i1; ++i) {
         const float p = (float)a->positions[i];
         float *theta = out + i * a->half;
         for (int64_t j = 0; j < a->half; ++j)
             theta[j] = p * a->freq[j];
     }
-    const int64_t count = (i1 - i0) * a->half;
-    float *r = out + i0 * a->half;
-    fn((int32_t)count, r, r, a->mode);
+}
+
+/* `count` values at r times the attention factor, when it is not 1. */
+static void scale(const AnglesArgs *a, float *r, int64_t count) {
     if (a->scale)
         for (int64_t j = 0; j < count; ++j)
             r[j] *= a->factor;
+}
+
+/* The angles of tokens [i0, i1) into `out`, then `fn` over them in place, then the factor. */
+static void angles_rows(const AnglesArgs *a, int64_t i0, int64_t i1, float *out, vector_fn fn) {
+    const int64_t count = (i1 - i0) * a->half;
+    float *r = out + i0 * a->half;
+    thetas(a, i0, i1, out);
+    fn((int32_t)count, r, r, a->mode);
+    scale(a, r, count);
 }
 
 /* One thread: each angle once, torch's vector sin then cos over all of them (two vector calls, each with a
  * fixed cost: the fewer the better). */
 static void angles_one(const AnglesArgs *a) {
     const int64_t count = a->n * a->half;
-    for (int64_t i = 0; i < a->n; ++i) {
-        const float p = (float)a->positions[i];
-        float *theta = a->cos + i * a->half;
-        for (int64_t j = 0; j < a->half; ++j)
-            theta[j] = p * a->freq[j];
-    }
+    thetas(a, 0, a->n, a->cos);
     ((vector_fn)a->vsin)((int32_t)count, a->cos, a->sin, a->mode);
     ((vector_fn)a->vcos)((int32_t)count, a->cos, a->cos, a->mode); /* in place: the angles are read first */
-    if (a->scale) {
-        for (int64_t j = 0; j < count; ++j) {
-            a->cos[j] *= a->factor;
-            a->sin[j] *= a->factor;
-        }
-    }
+    scale(a, a->cos, count);
+    scale(a, a->sin, count);
 }
 
 /* Part `part` of `parts`: the sines (even parts) or the cosines (odd) of a range of tokens, each part's

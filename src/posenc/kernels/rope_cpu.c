@@ -229,9 +229,9 @@ int64_t posenc_rope_fresh(const char *packed) {
     AnglesArgs a;
     memcpy(&r, packed, sizeof r);
     memcpy(&a, packed + sizeof r, sizeof a);
-    if (a.n <= 0 || a.half <= 0 || a.n != r.table_rows || a.half != r.half || a.n > INT32_MAX / a.half)
+    if (a.n <= 0 || a.n != r.table_rows || a.half != r.half)
         return BAD_ARGUMENTS;
-    const int64_t checked = angles_check(&a);
+    const int64_t checked = angles_check(&a); /* also the sizes (half >= 1, n * half <= INT32_MAX) */
     if (checked != 0)
         return checked == ANGLES_OUT_OF_RANGE ? ANGLES_REFUSED : BAD_ARGUMENTS;
     /* one buffer: the rows 0 .. n-1 (8-byte aligned first), then the cos rows, then the sin rows */

@@ -129,8 +129,13 @@ static void pool_grow(int want) {
     }
 }
 
+/* The parts of `units` units on `threads` threads: PARTS_PER_THREAD a thread, at most one a unit; one alone. */
+static int64_t parts_of(int64_t threads, int64_t units) {
+    return threads == 1 ? 1 : threads * PARTS_PER_THREAD < units ? threads * PARTS_PER_THREAD : units;
+}
+
 void pool_run(int64_t threads, int64_t units, void (*job)(void *, int64_t, int64_t), void *ctx) {
-    const int64_t parts = threads * PARTS_PER_THREAD < units ? threads * PARTS_PER_THREAD : units;
+    const int64_t parts = parts_of(threads, units);
 #ifdef _OPENMP
     if (threads > 1 && !pool.forked && !omp_in_parallel()) {
 #pragma omp parallel for schedule(static) num_threads((int)threads)
@@ -172,7 +177,7 @@ void pool_run2(int64_t threads1, void (*job1)(void *, int64_t, int64_t), void *c
 #ifdef _OPENMP
     const int64_t team = threads1 > threads2 ? threads1 : threads2;
     if (team > 1 && !pool.forked && !omp_in_parallel()) { /* one team: a barrier between the jobs, not a restart */
-        const int64_t parts2 = threads2 == 1 ? 1 : threads2 * PARTS_PER_THREAD < units2 ? threads2 * PARTS_PER_THREAD : units2;
+        const int64_t parts2 = parts_of(threads2, units2);
 #pragma omp parallel num_threads((int)team)
         {
 #pragma omp for schedule(static)

@@ -178,12 +178,10 @@ def _run(q, k, rows_shape, rows_address, held, layout, head_dim, inplace, fresh=
     if layout == "bthd":  # strides over [b, h, t, d]: dims 1 and 2 swap
         q4, k4, qo4, ko4 = ((s[0], s[2], s[1], s[3]) for s in (q4, k4, qo4, ko4))
     threads = _num_threads()
-    if fresh is None:
-        ret = run(cpu.pack_args(qp, qop, kp, kop, cos, sin, rows_address, b, hq, hk, t, d, *q4, *qo4, *k4, *ko4, n,
-                                half, rows_b, code, pairing, threads, flags))
-    else:
-        ret = run(angles.pack_fresh(qp, qop, kp, kop, cos, sin, rows_address, b, hq, hk, t, d, *q4, *qo4, *k4, *ko4, n, half,
-                              rows_b, code, pairing, threads, flags, *fresh[1], threads))
+    # RopeArgs' fields, then (no table) AnglesArgs' with the same thread count, in one buffer
+    pack, tail = (cpu.pack_args, ()) if fresh is None else (angles.pack_fresh, (*fresh[1], threads))
+    ret = run(pack(qp, qop, kp, kop, cos, sin, rows_address, b, hq, hk, t, d, *q4, *qo4, *k4, *ko4, n, half, rows_b,
+                   code, pairing, threads, flags, *tail))
     if ret != 0:
         return None  # nothing written: the general path names what is wrong (or rotates aliasing-free views)
     if inplace:  # the kernel wrote through ctypes: tell autograd, as a torch in-place op would
