@@ -79,6 +79,14 @@ def test_the_probe_refuses_functions_that_are_not_torchs():
     assert not angles._probe((fn, other, vsin, fresh, local))
 
 
+@pytest.mark.skipif(build.loaded() is None or not torch.backends.mkl.is_available(),
+                    reason="no kernel build or a torch without MKL: the C angles are off by design")
+def test_the_c_angles_are_on_where_torch_has_mkl():
+    # the C side calls torch's own vmsCos / vmsSin, so its probe passes wherever they exist; a C side that
+    # stops giving torch's bits is refused by the probe, and must fail here rather than skip every test above
+    assert RUN is not None
+
+
 def test_no_c_angles_without_the_kernel_or_mkl(monkeypatch):
     angles.entry.cache_clear()
     try:
